@@ -1,0 +1,157 @@
+"""`python -m fused_ar bench add_rmsnorm`: the local kernel against torch eager and torch.compile.
+
+Method (shared/DESIGN.md section 7, METHOD.md): the floor first (device copy bandwidth, measured here),
+then each variant captured K times into one CUDA graph, replays timed with events, median per call;
+fresh random inputs, outputs poisoned and checked before timing. Also the compile cost (cold / cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+CALLS_PER_GRAPH = 20
+REPLAYS = 25
+COPY_BYTES = 1 << 31
+
+
+def _copy_bandwidth(torch: Any) -> float:
+    """Device-to-device copy, bytes read + written per second (median of 20)."""
+    src = torch.empty(COPY_BYTES // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return 2 * src.numel() / statistics.median(times)
+
+
+def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
+    """Median per-call device time of `fn` over REPLAYS replays of a graph of CALLS_PER_GRAPH calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / CALLS_PER_GRAPH)
+    return statistics.median(times)
+
+
+def _compile_cost(torch: Any, dtype: Any) -> dict[str, float]:
+    """Seconds from nothing to a launchable function: cold (empty cache dir) and from the disk cache."""
+    from .cache import KernelCache, default_cache
+    from .kernels import add_rmsnorm_block
+    from .launch import spec_for
+    from .runtime import current_runtime
+    from .spec import DType, Op
+
+    spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, add_rmsnorm_block(512))
+    base = default_cache()
+    with tempfile.TemporaryDirectory() as tmp:
+        cold = KernelCache(Path(tmp), base.lock_root, base.lock_timeout_s)
+        t0 = time.perf_counter()
+        lookup = cold.get(spec)
+        current_runtime().load(lookup.kernel, spec.kernel_name, 0)
+        cold_s = time.perf_counter() - t0
+        warm_times = []
+        for _ in range(5):
+            fresh = KernelCache(Path(tmp), base.lock_root, base.lock_timeout_s)  # no in-memory copy
+            t0 = time.perf_counter()
+            lookup = fresh.get(spec)
+            current_runtime().load(lookup.kernel, spec.kernel_name, 0)
+            warm_times.append(time.perf_counter() - t0)
+            assert lookup.status == "cached"
+    return {"cold_s": cold_s, "cached_s": statistics.median(warm_times)}
+
+
+def bench_add_rmsnorm(args: argparse.Namespace) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    from .ops import add_rmsnorm
+
+    if not torch.cuda.is_available():
+        print("bench add_rmsnorm needs a GPU")
+        return 2
+    dtype = getattr(torch, args.dtype.torch_name)
+    eps = 1e-6
+    copy_bw = _copy_bandwidth(torch)
+    cost = _compile_cost(torch, dtype)
+
+    def unfused(x, r, w):
+        ro = x + r
+        return F.rms_norm(ro, (ro.shape[-1],), w, eps), ro
+
+    compiled = torch.compile(unfused, dynamic=False)
+    rows = []
+    for n in args.hidden:
+        for m in args.m:
+            x, r = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(2))
+            w = torch.randn(n, device="cuda", dtype=dtype)
+            out = torch.full_like(x, float("nan"))
+            ro = torch.full_like(x, float("nan"))
+            add_rmsnorm(x, r, w, eps, out=out, residual_out=ro)
+            ref_out, ref_ro = unfused(x.float(), r.float(), w.float())
+            assert torch.equal(ro, (x.float() + r.float()).to(dtype)), f"residual_out wrong at m={m} n={n}"
+            assert not torch.isnan(out).any(), f"out not fully written at m={m} n={n}"
+            ours = _graph_time_us(torch, lambda: add_rmsnorm(x, r, w, eps, out=out, residual_out=ro))
+            eager = _graph_time_us(torch, lambda: unfused(x, r, w))
+            comp = _graph_time_us(torch, lambda: compiled(x, r, w))
+            nbytes = (4 * m * n + n) * x.element_size()
+            bw = nbytes / (ours * 1e-6)
+            rows.append({"m": m, "n": n, "ours_us": ours, "eager_us": eager, "compile_us": comp,
+                         "ours_GBps": bw / 1e9, "pct_copy_bw": 100 * bw / copy_bw, "floor_us": nbytes / copy_bw * 1e6})
+            print(f"m={m:6d} n={n:5d} ours {ours:8.2f} us  eager {eager:8.2f}  compile {comp:8.2f}  "
+                  f"{bw / 1e9:7.0f} GB/s ({100 * bw / copy_bw:5.1f}% of copy)", flush=True)
+
+    gpu = torch.cuda.get_device_name(0)
+    lines = [f"# add_rmsnorm on {gpu}, {args.dtype.value}",
+             "",
+             f"Command: `python -m fused_ar bench add_rmsnorm --dtype {args.dtype.value} --hidden "
+             f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}`",
+             f"torch {torch.__version__}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; "
+             f"graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, per call.",
+             f"Compile cost: cold {cost['cold_s'] * 1e3:.0f} ms, from the disk cache {cost['cached_s'] * 1e3:.2f} ms "
+             "(render + key + read + verify + load, to a launchable function).",
+             "",
+             "| m | n | floor us | ours us | eager us | compile us | ours GB/s | % copy BW | vs eager | vs compile |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['m']} | {r['n']} | {r['floor_us']:.2f} | {r['ours_us']:.2f} | {r['eager_us']:.2f} | "
+                     f"{r['compile_us']:.2f} | {r['ours_GBps']:.0f} | {r['pct_copy_bw']:.1f} | "
+                     f"{r['eager_us'] / r['ours_us']:.2f}x | {r['compile_us'] / r['ours_us']:.2f}x |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "add_rmsnorm.md").write_text(table)
+        (out / "add_rmsnorm.json").write_text(json.dumps(
+            {"gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows},
+            indent=1))
+    return 0

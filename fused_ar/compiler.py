@@ -1,0 +1,93 @@
+"""The compiler interface: `compile(source, arch) -> CompiledKernel`, and the choice of compiler per arch.
+
+Compilers know nothing of the cache (which wraps them) or of launching. Implementations: NVRTC
+(compiler_nvrtc), hiprtc (compiler_hiprtc) and the offline clang check of the AMD path (compiler_clang).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import CompilerUnavailableError
+from .render import Source
+from .spec import Platform, platform_of_arch
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    code: bytes                 # CUBIN (NVIDIA) or HSA code object (AMD)
+    lowered_names: dict[str, str]  # name expression -> symbol in the code object
+    log: str
+    compiler: str               # the compiler identity that went into the cache key
+    options: tuple[str, ...]
+    arch: str
+
+    def symbol(self, name: str) -> str:
+        return self.lowered_names[name]
+
+
+class Compiler(ABC):
+    platform: Platform
+
+    @abstractmethod
+    def identity(self) -> str:
+        """Everything about the compiler that can change the bytes it emits (version, library files)."""
+
+    @abstractmethod
+    def options(self, arch: str) -> tuple[str, ...]:
+        """The ordered options `compile` passes for `arch`; part of the cache key."""
+
+    @abstractmethod
+    def compile(self, source: Source, arch: str) -> CompiledKernel:
+        """Compile or raise CompileError carrying the spec, options and full log."""
+
+
+def loaded_library(fragment: str) -> Optional[Path]:
+    """The file of a shared library this process has mapped whose name contains `fragment`."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if os.path.basename(path).startswith(fragment):
+                    return Path(path)
+    except OSError:
+        pass
+    return None
+
+
+def file_identity(path: Optional[Path]) -> str:
+    if path is None:
+        return "unknown-file"
+    real = Path(os.path.realpath(path))
+    st = real.stat()
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def checked(result: Any, what: str, error: type[Exception] = RuntimeError) -> Any:
+    """Unwraps the (status, *values) tuples of cuda-bindings and hip-python; status 0 means success."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if int(status) != 0:
+        raise error(f"{what} failed: {status!r}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@lru_cache(maxsize=None)
+def compiler_for(arch: str) -> Compiler:
+    """NVRTC for sm_XX, hiprtc for gfx...; raises CompilerUnavailableError when that compiler cannot load."""
+    platform = platform_of_arch(arch)
+    if platform is Platform.CUDA:
+        from .compiler_nvrtc import NvrtcCompiler
+        return NvrtcCompiler()
+    from .compiler_hiprtc import HiprtcCompiler
+    return HiprtcCompiler()
+
+
+def unavailable(arch: str, need: str, exc: BaseException) -> CompilerUnavailableError:
+    return CompilerUnavailableError(f"{arch} need {need}, which cannot be loaded here: {exc}")

@@ -1,0 +1,95 @@
+"""Every environment variable fused_ar reads, declared once: name, type, default, one-line description.
+
+Reading happens on use (never at import), so tests may set and unset variables freely. The README's
+table of variables is checked against `markdown_table()` by the test suite.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generic, Optional, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _path(raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    parse: Callable[[str], T]
+    default: Optional[T]
+    default_doc: str
+    doc: str
+
+    def get(self) -> Optional[T]:
+        raw = os.environ.get(self.name, "")
+        if raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"environment variable {self.name}={raw!r} is invalid: {exc}") from None
+
+
+CACHE_DIR: EnvVar[Path] = EnvVar(
+    "FUSED_AR_CACHE_DIR", _path, None, "`$XDG_CACHE_HOME/fused_ar`, else `~/.cache/fused_ar`",
+    "Directory of the compiled-kernel disk cache.",
+)
+LOCK_DIR: EnvVar[Path] = EnvVar(
+    "FUSED_AR_LOCK_DIR", _path, None, "`$XDG_RUNTIME_DIR/fused_ar-locks`, else `/tmp/fused_ar-locks-$UID`",
+    "Node-local directory for the per-kernel build locks (keep it off NFS).",
+)
+LOCK_TIMEOUT_S: EnvVar[float] = EnvVar(
+    "FUSED_AR_LOCK_TIMEOUT_S", _positive_float, 600.0, "600",
+    "Seconds to wait for another process building the same kernel before raising.",
+)
+CLANG: EnvVar[str] = EnvVar(
+    "FUSED_AR_CLANG", str, "clang-19", "`clang-19`",
+    "clang used by the offline AMD check compiler (`-x hip -nogpulib -nogpuinc`).",
+)
+XDG_CACHE_HOME: EnvVar[Path] = EnvVar(
+    "XDG_CACHE_HOME", _path, None, "unset", "Standard base of per-user caches; used when FUSED_AR_CACHE_DIR is unset.",
+)
+XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
+    "XDG_RUNTIME_DIR", _path, None, "unset", "Standard per-user node-local runtime directory; hosts the lock directory.",
+)
+
+VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
+
+
+def cache_dir() -> Path:
+    explicit = CACHE_DIR.get()
+    if explicit is not None:
+        return explicit
+    base = XDG_CACHE_HOME.get() or Path.home() / ".cache"
+    return base / "fused_ar"
+
+
+def lock_dir() -> Path:
+    explicit = LOCK_DIR.get()
+    if explicit is not None:
+        return explicit
+    runtime = XDG_RUNTIME_DIR.get()
+    if runtime is not None and runtime.is_dir():
+        return runtime / "fused_ar-locks"
+    return Path("/tmp") / f"fused_ar-locks-{os.getuid()}"
+
+
+def markdown_table() -> str:
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{v.name}` | {v.default_doc} | {v.doc} |" for v in VARIABLES]
+    return "\n".join(rows)

@@ -1,0 +1,42 @@
+"""Exception types of fused_ar: each carries what the caller needs to act (the offending value, the rule).
+
+This module imports nothing heavy; every other module raises from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class FusedArError(Exception):
+    """Base class of every error fused_ar raises on purpose."""
+
+
+class InputError(FusedArError, ValueError):
+    """A tensor or scalar argument breaks a rule of the op; nothing was launched."""
+
+
+class ConfigError(FusedArError, ValueError):
+    """An environment variable or option holds a value that cannot be used."""
+
+
+class CompilerUnavailableError(FusedArError, RuntimeError):
+    """The compiler an arch needs (NVRTC for sm_XX, hiprtc for gfx...) cannot be loaded here."""
+
+
+class CompileError(FusedArError, RuntimeError):
+    """The runtime compiler rejected a rendered kernel; carries the spec, the options and the full log."""
+
+    def __init__(self, spec: Any, options: Sequence[str], log: str, reason: str = "compilation failed") -> None:
+        self.spec = spec
+        self.options = tuple(options)
+        self.log = log
+        super().__init__(f"{reason} for {spec}\noptions: {' '.join(self.options)}\n--- compiler log ---\n{log}")
+
+
+class CacheTrustError(FusedArError, PermissionError):
+    """The kernel cache directory is owned by someone else or writable by others: code is not loaded from it."""
+
+
+class DeviceError(FusedArError, RuntimeError):
+    """A driver call (load, launch) failed; the message names the call and the driver's error."""

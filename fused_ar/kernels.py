@@ -1,0 +1,83 @@
+"""The kernels the library has: per op, its template, its C parameter list and what `warm` builds.
+
+A new kernel joins the library (and the warm matrix) by calling `register` here with a `KernelDef`.
+Launch-time policy (which block size for which row width) lives beside the definition it serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Iterable, Mapping
+
+from .spec import BLOCK_SIZES, DEFAULT_PACK, DType, KernelSpec, Op
+
+
+class Arg(Enum):
+    """C types of kernel parameters; the launcher packs Python values into exactly these."""
+
+    PTR = "void*"
+    I32 = "int"
+    I64 = "long long"
+    F32 = "float"
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    op: Op
+    template: str
+    params: tuple[tuple[str, Arg], ...]
+    ngpus: tuple[int, ...]
+    warm_blocks: tuple[int, ...]
+    constants: Mapping[str, int] = field(default_factory=dict)
+
+    def specs(self, arch: str, dtypes: Iterable[DType], ngpus: Iterable[int]) -> list[KernelSpec]:
+        return [KernelSpec(self.op, d, arch, DEFAULT_PACK, g, b)
+                for d in dtypes for g in ngpus if g in self.ngpus for b in self.warm_blocks]
+
+
+_REGISTRY: dict[Op, KernelDef] = {}
+
+
+def register(kdef: KernelDef) -> KernelDef:
+    if kdef.op in _REGISTRY:
+        raise ValueError(f"kernel {kdef.op.value} is registered twice")
+    _REGISTRY[kdef.op] = kdef
+    return kdef
+
+
+def kernel_def(op: Op) -> KernelDef:
+    return _REGISTRY[Op(op)]
+
+
+def all_kernels() -> tuple[KernelDef, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[int]) -> list[KernelSpec]:
+    dtypes, ngpus = list(dtypes), list(ngpus)
+    return [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
+
+
+# Packs each thread of add_rmsnorm keeps in registers: with 1024 threads that covers rows of 4096
+# packs (32768 bf16, 16384 fp32) read once; 4 x 16 bytes keeps the kernel at 128 VGPRs on gfx942.
+ADD_RMSNORM_REG_PACKS = 4
+
+ADD_RMSNORM = register(KernelDef(
+    op=Op.ADD_RMSNORM,
+    template="add_rmsnorm.hip",
+    params=(("out", Arg.PTR), ("residual_out", Arg.PTR), ("x", Arg.PTR), ("residual", Arg.PTR),
+            ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32)),
+    ngpus=(1,),
+    warm_blocks=BLOCK_SIZES,
+    constants={"FA_REG_PACKS": ADD_RMSNORM_REG_PACKS},
+))
+
+
+def add_rmsnorm_block(packs_per_row: int) -> int:
+    """Block size for a row of `packs_per_row` packs: about two packs per thread, clamped to BLOCK_SIZES."""
+    want = max(1, (packs_per_row + 1) // 2)
+    for block in BLOCK_SIZES:
+        if block >= want:
+            return block
+    return BLOCK_SIZES[-1]

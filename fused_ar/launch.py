@@ -1,0 +1,50 @@
+"""From spec to a running kernel: cached compile, per-process function handles, typed launch.
+
+The hot path is one dict lookup per (spec, device) plus argument packing; rendering, hashing and the
+disk are touched only on a process's first use of a spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from .cache import default_cache
+from .kernels import kernel_def
+from .runtime import current_runtime, device_arch, pack_args
+from .spec import DEFAULT_PACK, DType, KernelSpec, Op
+
+# Per-process memos: a device's arch never changes, and a loaded function stays valid for the process.
+_archs: dict[int, str] = {}
+_functions: dict[tuple[KernelSpec, int], Any] = {}
+
+
+def arch_of(device: int) -> str:
+    arch = _archs.get(device)
+    if arch is None:
+        arch = _archs[device] = device_arch(device)
+    return arch
+
+
+def spec_for(op: Op, dtype: DType, device: int, block: int, ngpus: int = 1, pack: int = DEFAULT_PACK) -> KernelSpec:
+    return KernelSpec(op, dtype, arch_of(device), pack, ngpus, block)
+
+
+def function(spec: KernelSpec, device: int) -> Any:
+    """The loaded function for `spec` on `device`, compiling (or reading the disk cache) on first use."""
+    fn = _functions.get((spec, device))
+    if fn is None:
+        kernel = default_cache().get(spec).kernel
+        fn = _functions[(spec, device)] = current_runtime().load(kernel, spec.kernel_name, device)
+    return fn
+
+
+def launch(spec: KernelSpec, device: int, grid: int, args: Sequence[Any], stream: Optional[int] = None) -> None:
+    """Launches `spec` with `args` (Python values, packed by the op's C parameter list) on `stream`,
+    torch's current stream of `device` by default."""
+    packed = pack_args(kernel_def(spec.op), args)
+    fn = function(spec, device)
+    if stream is None:
+        import torch
+
+        stream = torch.cuda.current_stream(device).cuda_stream
+    current_runtime().launch(fn, grid, spec.block, packed, stream)

@@ -1,0 +1,74 @@
+"""Load and launch on one platform, through a thin facade per vendor (runtime_cuda, runtime_hip).
+
+What is shared lives here: argument packing by C layout, the choice of facade from torch's build, the
+arch of a device. Facades only load code objects, fetch functions and call the driver's launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from abc import ABC, abstractmethod
+from functools import lru_cache
+from typing import Any, Sequence
+
+from .compiler import CompiledKernel
+from .errors import InputError
+from .kernels import Arg, KernelDef
+from .spec import Platform
+
+_CTYPES = {Arg.PTR: ctypes.c_void_p, Arg.I32: ctypes.c_int32, Arg.I64: ctypes.c_int64, Arg.F32: ctypes.c_float}
+_INT_RANGE = {Arg.I32: (-(2**31), 2**31 - 1), Arg.I64: (-(2**63), 2**63 - 1), Arg.PTR: (0, 2**64 - 1)}
+
+
+def pack_args(kdef: KernelDef, values: Sequence[Any]) -> list[ctypes._SimpleCData]:
+    """Python values -> ctypes values typed exactly as the kernel's C parameters (a bare Python float
+    would travel as a double, a bare int as a pointer: both silently wrong)."""
+    if len(values) != len(kdef.params):
+        raise InputError(f"{kdef.op.value} takes {len(kdef.params)} arguments "
+                         f"({', '.join(n for n, _ in kdef.params)}), got {len(values)}")
+    packed = []
+    for (name, kind), value in zip(kdef.params, values):
+        if kind is Arg.F32:
+            packed.append(ctypes.c_float(float(value)))
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"argument {name} of {kdef.op.value} must be an int ({kind.value}), got {value!r}")
+        lo, hi = _INT_RANGE[kind]
+        if not lo <= value <= hi:
+            raise InputError(f"argument {name}={value} of {kdef.op.value} does not fit {kind.value}")
+        packed.append(_CTYPES[kind](value))
+    return packed
+
+
+class Runtime(ABC):
+    platform: Platform
+
+    @abstractmethod
+    def load(self, kernel: CompiledKernel, name: str, device: int) -> Any:
+        """The launchable function `name` of `kernel` on `device` (memoize in the caller)."""
+
+    @abstractmethod
+    def launch(self, function: Any, grid: int, block: int, args: Sequence[ctypes._SimpleCData], stream: int,
+               shared_mem: int = 0) -> None:
+        """Enqueue one launch on `stream` (a raw stream handle, e.g. torch's `cuda_stream`)."""
+
+
+@lru_cache(maxsize=None)
+def current_runtime() -> Runtime:
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        from .runtime_hip import HipRuntime
+        return HipRuntime()
+    from .runtime_cuda import CudaRuntime
+    return CudaRuntime()
+
+
+def device_arch(device: int) -> str:
+    """The full arch string of a visible GPU: sm_90, or gfx942:sramecc+:xnack- as the driver reports it."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    if getattr(torch.version, "hip", None):
+        return props.gcnArchName
+    return f"sm_{props.major}{props.minor}"

@@ -1,0 +1,118 @@
+"""What to build: `KernelSpec`, a frozen, hashable value, and the enums it is made of.
+
+A spec names one specialization (op, dtype, pack bytes, ngpus, block size, arch). It knows nothing of
+source text, compilers or caches; `render` turns it into source.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, Mapping, Union
+
+
+class DType(str, Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+    @property
+    def render_id(self) -> str:
+        """The FA_DTYPE value kernels_src/fa_types.h expects."""
+        return {DType.FP32: "FA_DTYPE_FP32", DType.FP16: "FA_DTYPE_FP16", DType.BF16: "FA_DTYPE_BF16"}[self]
+
+    @property
+    def torch_name(self) -> str:
+        return {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}[self]
+
+    @classmethod
+    def parse(cls, value: Any) -> "DType":
+        """Accepts a DType, its short name, a torch dtype or its name ('bfloat16', 'half', ...)."""
+        if isinstance(value, DType):
+            return value
+        name = str(value).removeprefix("torch.").lower()
+        aliases = {"bf16": cls.BF16, "bfloat16": cls.BF16, "fp16": cls.FP16, "float16": cls.FP16,
+                   "half": cls.FP16, "fp32": cls.FP32, "float32": cls.FP32, "float": cls.FP32}
+        if name not in aliases:
+            raise ValueError(f"unsupported dtype {value!r}: fused_ar takes bf16, fp16 or fp32")
+        return aliases[name]
+
+
+class Platform(str, Enum):
+    CUDA = "cuda"
+    HIP = "hip"
+
+
+class Op(str, Enum):
+    ADD_RMSNORM = "add_rmsnorm"
+
+
+# Architectures: NVIDIA `sm_XX` (a CUBIN needs a real sm, not compute_XX); AMD `gfxNNN` with optional
+# target features as the driver reports them (`gfx942:sramecc+:xnack-`).
+_CUDA_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+_HIP_ARCH = re.compile(r"^gfx[0-9a-f]{3,4}(:[a-z0-9_]+[+-])*$")
+
+SUPPORTED_NGPUS = (1, 2, 4, 6, 8)
+BLOCK_SIZES = (64, 128, 256, 512, 1024)
+PACK_SIZES = (4, 8, 16)
+DEFAULT_PACK = 16
+
+
+def platform_of_arch(arch: str) -> Platform:
+    if _CUDA_ARCH.match(arch):
+        return Platform.CUDA
+    if _HIP_ARCH.match(arch):
+        return Platform.HIP
+    raise ValueError(f"unknown arch {arch!r}: expected sm_XX (NVIDIA) or gfxNNN[:feature+|-...] (AMD)")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    op: Op
+    dtype: DType
+    arch: str
+    pack: int = DEFAULT_PACK
+    ngpus: int = 1
+    block: int = 256
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", Op(self.op))
+        object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        platform_of_arch(self.arch)
+        if self.pack not in PACK_SIZES or self.pack < self.dtype.itemsize:
+            raise ValueError(f"pack={self.pack} bytes: must be one of {PACK_SIZES} and hold one {self.dtype.value}")
+        if self.ngpus not in SUPPORTED_NGPUS:
+            raise ValueError(f"ngpus={self.ngpus}: must be one of {SUPPORTED_NGPUS}")
+        if self.block not in BLOCK_SIZES:
+            raise ValueError(f"block={self.block}: must be one of {BLOCK_SIZES}")
+
+    @property
+    def platform(self) -> Platform:
+        return platform_of_arch(self.arch)
+
+    @property
+    def pack_elems(self) -> int:
+        return self.pack // self.dtype.itemsize
+
+    @property
+    def kernel_name(self) -> str:
+        """The kernel's symbol: unique per spec, readable in profiler traces."""
+        return f"fa_{self.op.value}_{self.dtype.value}_p{self.pack}_g{self.ngpus}_b{self.block}"
+
+    def to_dict(self) -> dict[str, Union[str, int]]:
+        d = asdict(self)
+        d["op"], d["dtype"] = self.op.value, self.dtype.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelSpec":
+        return cls(**d)
+
+    def __str__(self) -> str:
+        return (f"KernelSpec({self.op.value}, {self.dtype.value}, {self.arch}, pack={self.pack}, "
+                f"ngpus={self.ngpus}, block={self.block})")

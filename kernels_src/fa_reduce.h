@@ -1,0 +1,71 @@
+// fa_reduce.h: the one sum reduction every kernel uses, per wave and per block.
+// AMD: a DPP tree (quad_perm, row_ror, row_bcast15/31, readlane), no LDS traffic; ds_bpermute only
+// where DPP cannot express the lane pattern. NVIDIA: a __shfl_xor_sync butterfly.
+// Every lane returns the same bits, so every rank that runs the same code gets the same sum.
+#pragma once
+#include "fa_platform.h"
+
+#if FA_AMD
+// DPP_CTRL encodings of the GCN/CDNA ISA.
+#define FA_DPP_QUAD_PERM(a, b, c, d) ((a) | ((b) << 2) | ((c) << 4) | ((d) << 6))
+#define FA_DPP_ROW_ROR(n) (0x120 + (n))
+#define FA_DPP_ROW_BCAST15 0x142
+#define FA_DPP_ROW_BCAST31 0x143
+#define FA_DPP_ALL_ROWS 0xf
+#define FA_DPP_ALL_BANKS 0xf
+
+// v + (v moved by CTRL). Rows outside ROW_MASK keep the old value 0 and so add nothing.
+template <int CTRL, int ROW_MASK>
+FA_INLINE float fa_dpp_add(float v) {
+  const int moved = __builtin_amdgcn_update_dpp(0, __builtin_bit_cast(int, v), CTRL, ROW_MASK,
+                                                FA_DPP_ALL_BANKS, false);
+  return v + __builtin_bit_cast(float, moved);
+}
+#endif
+
+FA_INLINE float fa_wave_reduce_sum(float v) {
+#if FA_AMD && FA_WAVE_SIZE == 64
+  v = fa_dpp_add<FA_DPP_QUAD_PERM(1, 0, 3, 2), FA_DPP_ALL_ROWS>(v);  // lane pairs
+  v = fa_dpp_add<FA_DPP_QUAD_PERM(2, 3, 0, 1), FA_DPP_ALL_ROWS>(v);  // quads of 4
+  v = fa_dpp_add<FA_DPP_ROW_ROR(4), FA_DPP_ALL_ROWS>(v);             // 8 lanes
+  v = fa_dpp_add<FA_DPP_ROW_ROR(8), FA_DPP_ALL_ROWS>(v);             // rows of 16
+  v = fa_dpp_add<FA_DPP_ROW_BCAST15, 0xa>(v);  // rows 1 and 3 add lane 15 of rows 0 and 2
+  v = fa_dpp_add<FA_DPP_ROW_BCAST31, 0xc>(v);  // rows 2 and 3 add lane 31: lane 63 holds the sum
+  // One lane's value for all lanes: the row sums above differ in association from lane to lane.
+  return __builtin_bit_cast(float, __builtin_amdgcn_readlane(__builtin_bit_cast(int, v), 63));
+#elif FA_AMD
+  // Wave sizes without row broadcasts: an xor butterfly through ds_bpermute (byte-addressed lanes).
+#pragma unroll
+  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) {
+    const int src_lane_bytes = (fa_lane() ^ offset) * 4;
+    v += __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src_lane_bytes, __builtin_bit_cast(int, v)));
+  }
+  return v;
+#else
+  // a + b == b + a bit for bit, so both partners of every butterfly step hold the same value.
+#pragma unroll
+  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+#endif
+}
+
+// Sum over the whole block; every thread of the block must call it. Returns the same bits to all threads.
+template <int BLOCK>
+FA_INLINE float fa_block_reduce_sum(float v) {
+  constexpr int kWaves = (BLOCK + FA_WAVE_SIZE - 1) / FA_WAVE_SIZE;
+  static_assert(BLOCK % FA_WAVE_SIZE == 0, "block size must be a whole number of waves");
+  static_assert(kWaves <= FA_WAVE_SIZE, "one wave must be able to hold every wave's partial sum");
+  v = fa_wave_reduce_sum(v);
+  if constexpr (kWaves == 1) {
+    return v;
+  } else {
+    __shared__ float partial[kWaves];
+    if (fa_lane() == 0) partial[fa_wave_id()] = v;
+    fa_sync_block();  // every wave's partial is in LDS before any wave reads them
+    const float t = fa_lane() < kWaves ? partial[fa_lane()] : 0.0f;
+    fa_sync_block();  // every read is done before a later call (the next row) overwrites partial[]
+    return fa_wave_reduce_sum(t);
+  }
+}

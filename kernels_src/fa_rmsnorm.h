@@ -1,0 +1,36 @@
+// fa_rmsnorm.h: the residual add + RMSNorm epilogue of DESIGN.md section 1, one pack at a time.
+// Shared by the local add_rmsnorm kernel and the fused all-reduce kernels, which feed it their
+// all-reduced values; it never touches a peer's memory.
+#pragma once
+#include "fa_types.h"
+
+// residual_out = T(ar + residual). ro receives float(residual_out); sumsq accumulates its squares.
+FA_INLINE fa_pack_t fa_residual_add(const float (&ar)[FA_PACK_ELEMS], const fa_pack_t& residual,
+                                    float (&ro)[FA_PACK_ELEMS], float& sumsq) {
+  float r[FA_PACK_ELEMS];
+  fa_unpack(residual, r);
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) {
+    ro[i] = fa_round_to_elem(ar[i] + r[i]);
+    sumsq += ro[i] * ro[i];
+  }
+  return fa_pack(ro);
+}
+
+// 1 / sqrt(mean + eps), from the row's fp32 sum of squares; double keeps the one fp32 rounding at the end.
+FA_INLINE fa_norm_t fa_inv_rms(float sumsq, int cols, float eps) {
+  const double mean = (double)sumsq / (double)cols;
+  return (fa_norm_t)(1.0 / fa_sqrt(mean + (double)eps));
+}
+
+// out = T(residual_out * inv_rms * weight).
+FA_INLINE fa_pack_t fa_normalize(const float (&ro)[FA_PACK_ELEMS], const fa_pack_t& weight, fa_norm_t inv_rms) {
+  float w[FA_PACK_ELEMS];
+  float o[FA_PACK_ELEMS];
+  fa_unpack(weight, w);
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) {
+    o[i] = (float)((fa_norm_t)ro[i] * inv_rms * (fa_norm_t)w[i]);
+  }
+  return fa_pack(o);
+}

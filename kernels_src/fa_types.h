@@ -1,0 +1,88 @@
+// fa_types.h: the element type T and the pack (FA_PACK_BYTES per thread access) of one specialization.
+// Rendering defines FA_DTYPE and FA_PACK_BYTES; everything else derives from them.
+#pragma once
+#include "fa_platform.h"
+
+#define FA_DTYPE_FP32 0
+#define FA_DTYPE_FP16 1
+#define FA_DTYPE_BF16 2
+
+#if FA_DTYPE == FA_DTYPE_FP32
+typedef float fa_elem_t;
+#define FA_ELEM_BYTES 4
+// fp32 output scales in double: out is then the correctly rounded product of its fp32 factors.
+typedef double fa_norm_t;
+#elif FA_DTYPE == FA_DTYPE_FP16 || FA_DTYPE == FA_DTYPE_BF16
+typedef fa_u16 fa_elem_t;
+#define FA_ELEM_BYTES 2
+// fp32 carries 16 more mantissa bits than a 16-bit T: the product loses nothing that T would keep.
+typedef float fa_norm_t;
+#else
+#error "FA_DTYPE must be FA_DTYPE_FP32, FA_DTYPE_FP16 or FA_DTYPE_BF16"
+#endif
+
+#if FA_PACK_BYTES % 4 != 0 || FA_PACK_BYTES < FA_ELEM_BYTES || FA_PACK_BYTES > 16
+#error "FA_PACK_BYTES must be 4, 8 or 16"
+#endif
+#define FA_PACK_WORDS (FA_PACK_BYTES / 4)
+#define FA_PACK_ELEMS (FA_PACK_BYTES / FA_ELEM_BYTES)
+
+// A pack is held as 32-bit words so that one load or store of it is one FA_PACK_BYTES-wide access.
+struct alignas(FA_PACK_BYTES) fa_pack_t {
+  fa_u32 w[FA_PACK_WORDS];
+};
+
+FA_INLINE float fa_elem_to_float(fa_u32 bits) {
+#if FA_DTYPE == FA_DTYPE_FP32
+  return fa_u32_as_float(bits);
+#elif FA_DTYPE == FA_DTYPE_FP16
+  return fa_half_bits_to_float((fa_u16)bits);
+#else
+  return fa_bf16_bits_to_float((fa_u16)bits);
+#endif
+}
+
+FA_INLINE fa_u32 fa_float_to_elem(float v) {
+#if FA_DTYPE == FA_DTYPE_FP32
+  return fa_float_as_u32(v);
+#elif FA_DTYPE == FA_DTYPE_FP16
+  return fa_float_to_half_bits(v);
+#else
+  return fa_float_to_bf16_bits(v);
+#endif
+}
+
+// float(T(v)): the value v takes once stored as T.
+FA_INLINE float fa_round_to_elem(float v) { return fa_elem_to_float(fa_float_to_elem(v)); }
+
+FA_INLINE void fa_unpack(const fa_pack_t& p, float (&v)[FA_PACK_ELEMS]) {
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) {
+#if FA_ELEM_BYTES == 4
+    v[i] = fa_elem_to_float(p.w[i]);
+#else
+    v[i] = fa_elem_to_float((p.w[i / 2] >> (16 * (i % 2))) & 0xffffu);
+#endif
+  }
+}
+
+FA_INLINE fa_pack_t fa_pack(const float (&v)[FA_PACK_ELEMS]) {
+  fa_pack_t p;
+#pragma unroll
+  for (int i = 0; i < FA_PACK_WORDS; ++i) {
+#if FA_ELEM_BYTES == 4
+    p.w[i] = fa_float_to_elem(v[i]);
+#else
+    p.w[i] = fa_float_to_elem(v[2 * i]) | (fa_float_to_elem(v[2 * i + 1]) << 16);
+#endif
+  }
+  return p;
+}
+
+FA_INLINE fa_pack_t fa_load_pack(const fa_elem_t* base, fa_i64 pack_index) {
+  return reinterpret_cast<const fa_pack_t*>(base)[pack_index];
+}
+
+FA_INLINE void fa_store_pack(fa_elem_t* base, fa_i64 pack_index, const fa_pack_t& p) {
+  reinterpret_cast<fa_pack_t*>(base)[pack_index] = p;
+}

@@ -1,0 +1,106 @@
+"""add_rmsnorm on a real GPU against the DESIGN.md section 1 reference: residual_out bit-exact, out
+within 1 ulp, inputs untouched, every output element written; eager and inside a captured CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fused_ar import add_rmsnorm
+from tests.reference import add_rmsnorm_reference, ulp_distance
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+MS = [1, 3, 17, 128, 4096]
+NS = [512, 2880, 4096, 7168, 8192, 16384]
+
+
+def _inputs(m, n, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    r = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    w = torch.rand(n, device="cuda", dtype=dtype, generator=g) + 0.5
+    return x, r, w
+
+
+def _check(x, r, w, eps, out, ro):
+    _, ref_ro, ref_out = add_rmsnorm_reference([x], r, w, eps)
+    assert torch.equal(ro, ref_ro), f"residual_out differs in {(ro != ref_ro).sum().item()} elements"
+    d = ulp_distance(out, ref_out)
+    assert d.max().item() <= 1, f"out off by {d.max().item()} ulp ({(d > 1).sum().item()} elements > 1 ulp)"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", MS)
+def test_matches_reference(m, n, dtype):
+    x, r, w = _inputs(m, n, dtype, seed=m * 100003 + n)
+    before = [t.clone() for t in (x, r, w)]
+    out = torch.full_like(x, float("nan"))
+    ro = torch.full_like(x, float("nan"))
+    got = add_rmsnorm(x, r, w, 1e-6, out=out, residual_out=ro)
+    assert got[0] is out and got[1] is ro
+    torch.cuda.synchronize()
+    _check(x, r, w, 1e-6, out, ro)
+    for t, b in zip((x, r, w), before):
+        assert torch.equal(t, b), "an input was written"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [40960, 65536])
+def test_rows_wider_than_registers(n, dtype):
+    """Rows beyond FA_BLOCK * FA_REG_PACKS packs take the re-read path."""
+    x, r, w = _inputs(5, n, dtype, seed=n)
+    out, ro = add_rmsnorm(x, r, w, 1e-5)
+    _check(x, r, w, 1e-5, out, ro)
+
+
+def test_allocating_form_and_leading_dims():
+    x, r, w = _inputs(6, 1024, torch.bfloat16, seed=7)
+    out, ro = add_rmsnorm(x.view(2, 3, 1024), r.view(2, 3, 1024), w)
+    assert out.shape == (2, 3, 1024)
+    _check(x, r, w, 1e-6, out.view(6, 1024), ro.view(6, 1024))
+
+
+def test_m_zero():
+    x = torch.empty(0, 4096, device="cuda", dtype=torch.bfloat16)
+    out, ro = add_rmsnorm(x, x.clone(), torch.ones(4096, device="cuda", dtype=torch.bfloat16))
+    assert out.shape == (0, 4096) and ro.shape == (0, 4096)
+
+
+def test_large_values_and_eps():
+    x, r, w = _inputs(64, 4096, torch.float16, seed=11)
+    x, r = x * 100, r * 100  # squares far beyond fp16 range: the sum of squares must stay fp32
+    out, ro = add_rmsnorm(x, r, w, 0.5)
+    _check(x, r, w, 0.5, out, ro)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_graph_replay_with_new_data(dtype):
+    m, n = 33, 4096
+    x, r, w = _inputs(m, n, dtype, seed=3)
+    out = torch.full_like(x, float("nan"))
+    ro = torch.full_like(x, float("nan"))
+    add_rmsnorm(x, r, w, out=out, residual_out=ro)  # compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        add_rmsnorm(x, r, w, out=out, residual_out=ro)
+    for seed in range(4):
+        nx, nr, nw = _inputs(m, n, dtype, seed=100 + seed)
+        x.copy_(nx), r.copy_(nr), w.copy_(nw)
+        out.fill_(float("nan")), ro.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(nx, nr, nw, 1e-6, out, ro)
+
+
+def test_side_stream_and_second_device_index():
+    x, r, w = _inputs(8, 2048, torch.bfloat16, seed=5)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out, ro = add_rmsnorm(x, r, w)
+    s.synchronize()
+    _check(x, r, w, 1e-6, out, ro)
