@@ -25,7 +25,7 @@ extern "C" __global__ FA_LAUNCH_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
       }
     }
     float kept[FA_REG_PACKS][FA_PACK_ELEMS];
-    float sumsq = 0.0f;
+    fa_norm_t sumsq = 0;
 #pragma unroll
     for (int k = 0; k < FA_REG_PACKS; ++k) {
       const int p = tid + k * FA_BLOCK;

@@ -14,16 +14,45 @@
 #define FA_DPP_ALL_ROWS 0xf
 #define FA_DPP_ALL_BANKS 0xf
 
-// v + (v moved by CTRL). Rows outside ROW_MASK keep the old value 0 and so add nothing.
-template <int CTRL, int ROW_MASK>
-FA_INLINE float fa_dpp_add(float v) {
-  const int moved = __builtin_amdgcn_update_dpp(0, __builtin_bit_cast(int, v), CTRL, ROW_MASK,
-                                                FA_DPP_ALL_BANKS, false);
-  return v + __builtin_bit_cast(float, moved);
+// A value moved across lanes one 32-bit word at a time (DPP and readlane move words; T may be a double).
+template <typename T>
+struct fa_words {
+  static_assert(sizeof(T) % 4 == 0, "lane moves work on whole 32-bit words");
+  int w[sizeof(T) / 4];
+};
+
+// v + (v moved by CTRL). Rows outside ROW_MASK keep the old value 0 (+0.0) and so add nothing.
+template <int CTRL, int ROW_MASK, typename T>
+FA_INLINE T fa_dpp_add(T v) {
+  const fa_words<T> in = __builtin_bit_cast(fa_words<T>, v);
+  fa_words<T> moved;
+#pragma unroll
+  for (int i = 0; i < (int)(sizeof(T) / 4); ++i) {
+    moved.w[i] = __builtin_amdgcn_update_dpp(0, in.w[i], CTRL, ROW_MASK, FA_DPP_ALL_BANKS, false);
+  }
+  return v + __builtin_bit_cast(T, moved);
+}
+
+template <typename T>
+FA_INLINE T fa_readlane(T v, int lane) {
+  fa_words<T> words = __builtin_bit_cast(fa_words<T>, v);
+#pragma unroll
+  for (int i = 0; i < (int)(sizeof(T) / 4); ++i) words.w[i] = __builtin_amdgcn_readlane(words.w[i], lane);
+  return __builtin_bit_cast(T, words);
+}
+
+template <typename T>
+FA_INLINE T fa_bpermute(T v, int src_lane) {
+  fa_words<T> words = __builtin_bit_cast(fa_words<T>, v);
+#pragma unroll
+  for (int i = 0; i < (int)(sizeof(T) / 4); ++i) words.w[i] = __builtin_amdgcn_ds_bpermute(src_lane * 4, words.w[i]);
+  return __builtin_bit_cast(T, words);
 }
 #endif
 
-FA_INLINE float fa_wave_reduce_sum(float v) {
+// Sum over one wave, T = float or double. Every lane returns the same bits.
+template <typename T>
+FA_INLINE T fa_wave_reduce_sum(T v) {
 #if FA_AMD && FA_WAVE_SIZE == 64
   v = fa_dpp_add<FA_DPP_QUAD_PERM(1, 0, 3, 2), FA_DPP_ALL_ROWS>(v);  // lane pairs
   v = fa_dpp_add<FA_DPP_QUAD_PERM(2, 3, 0, 1), FA_DPP_ALL_ROWS>(v);  // quads of 4
@@ -32,28 +61,23 @@ FA_INLINE float fa_wave_reduce_sum(float v) {
   v = fa_dpp_add<FA_DPP_ROW_BCAST15, 0xa>(v);  // rows 1 and 3 add lane 15 of rows 0 and 2
   v = fa_dpp_add<FA_DPP_ROW_BCAST31, 0xc>(v);  // rows 2 and 3 add lane 31: lane 63 holds the sum
   // One lane's value for all lanes: the row sums above differ in association from lane to lane.
-  return __builtin_bit_cast(float, __builtin_amdgcn_readlane(__builtin_bit_cast(int, v), 63));
+  return fa_readlane(v, 63);
 #elif FA_AMD
-  // Wave sizes without row broadcasts: an xor butterfly through ds_bpermute (byte-addressed lanes).
+  // Wave sizes without row broadcasts: an xor butterfly through ds_bpermute.
 #pragma unroll
-  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) {
-    const int src_lane_bytes = (fa_lane() ^ offset) * 4;
-    v += __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src_lane_bytes, __builtin_bit_cast(int, v)));
-  }
+  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) v += fa_bpermute(v, fa_lane() ^ offset);
   return v;
 #else
   // a + b == b + a bit for bit, so both partners of every butterfly step hold the same value.
 #pragma unroll
-  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
+  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 #endif
 }
 
 // Sum over the whole block; every thread of the block must call it. Returns the same bits to all threads.
-template <int BLOCK>
-FA_INLINE float fa_block_reduce_sum(float v) {
+template <int BLOCK, typename T>
+FA_INLINE T fa_block_reduce_sum(T v) {
   constexpr int kWaves = (BLOCK + FA_WAVE_SIZE - 1) / FA_WAVE_SIZE;
   static_assert(BLOCK % FA_WAVE_SIZE == 0, "block size must be a whole number of waves");
   static_assert(kWaves <= FA_WAVE_SIZE, "one wave must be able to hold every wave's partial sum");
@@ -61,10 +85,10 @@ FA_INLINE float fa_block_reduce_sum(float v) {
   if constexpr (kWaves == 1) {
     return v;
   } else {
-    __shared__ float partial[kWaves];
+    __shared__ T partial[kWaves];
     if (fa_lane() == 0) partial[fa_wave_id()] = v;
     fa_sync_block();  // every wave's partial is in LDS before any wave reads them
-    const float t = fa_lane() < kWaves ? partial[fa_lane()] : 0.0f;
+    const T t = fa_lane() < kWaves ? partial[fa_lane()] : T(0);
     fa_sync_block();  // every read is done before a later call (the next row) overwrites partial[]
     return fa_wave_reduce_sum(t);
   }

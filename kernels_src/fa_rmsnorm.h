@@ -6,19 +6,19 @@
 
 // residual_out = T(ar + residual). ro receives float(residual_out); sumsq accumulates its squares.
 FA_INLINE fa_pack_t fa_residual_add(const float (&ar)[FA_PACK_ELEMS], const fa_pack_t& residual,
-                                    float (&ro)[FA_PACK_ELEMS], float& sumsq) {
+                                    float (&ro)[FA_PACK_ELEMS], fa_norm_t& sumsq) {
   float r[FA_PACK_ELEMS];
   fa_unpack(residual, r);
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) {
     ro[i] = fa_round_to_elem(ar[i] + r[i]);
-    sumsq += ro[i] * ro[i];
+    sumsq += (fa_norm_t)ro[i] * (fa_norm_t)ro[i];
   }
   return fa_pack(ro);
 }
 
-// 1 / sqrt(mean + eps), from the row's fp32 sum of squares; double keeps the one fp32 rounding at the end.
-FA_INLINE fa_norm_t fa_inv_rms(float sumsq, int cols, float eps) {
+// 1 / sqrt(mean + eps) from the row's sum of squares, in double so that only the final cast rounds.
+FA_INLINE fa_norm_t fa_inv_rms(fa_norm_t sumsq, int cols, float eps) {
   const double mean = (double)sumsq / (double)cols;
   return (fa_norm_t)(1.0 / fa_sqrt(mean + (double)eps));
 }

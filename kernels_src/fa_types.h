@@ -10,12 +10,13 @@
 #if FA_DTYPE == FA_DTYPE_FP32
 typedef float fa_elem_t;
 #define FA_ELEM_BYTES 4
-// fp32 output scales in double: out is then the correctly rounded product of its fp32 factors.
+// fp32 rows sum their squares and scale in double: the row's mean is then exact to far below an fp32
+// ulp and out is the correctly rounded product of its fp32 factors (within 1 ulp of the reference).
 typedef double fa_norm_t;
 #elif FA_DTYPE == FA_DTYPE_FP16 || FA_DTYPE == FA_DTYPE_BF16
 typedef fa_u16 fa_elem_t;
 #define FA_ELEM_BYTES 2
-// fp32 carries 16 more mantissa bits than a 16-bit T: the product loses nothing that T would keep.
+// fp32 carries 13+ more mantissa bits than a 16-bit T: sum and product lose nothing that T would keep.
 typedef float fa_norm_t;
 #else
 #error "FA_DTYPE must be FA_DTYPE_FP32, FA_DTYPE_FP16 or FA_DTYPE_BF16"
