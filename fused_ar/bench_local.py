@@ -89,10 +89,35 @@ def _compile_cost(torch: Any, dtype: Any) -> dict[str, float]:
     return {"cold_s": cold_s, "cached_s": statistics.median(warm_times)}
 
 
+def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[tuple[int, int, int, float]]:
+    """Every block size at a few m: the data behind the policy in kernels.add_rmsnorm_block."""
+    from .launch import launch, spec_for
+    from .ops import MAX_GRID_BLOCKS
+    from .spec import BLOCK_SIZES, DType, Op
+
+    results = []
+    for n in hidden:
+        for m in (1, 64, 1024, 4096, 16384):
+            x, r = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(2))
+            w = torch.randn(n, device="cuda", dtype=dtype)
+            out, ro = torch.empty_like(x), torch.empty_like(x)
+            for block in BLOCK_SIZES:
+                spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block)
+                args = (out.data_ptr(), ro.data_ptr(), x.data_ptr(), r.data_ptr(), w.data_ptr(), m, n, eps)
+                out.fill_(float("nan"))
+                launch(spec, 0, min(m, MAX_GRID_BLOCKS), args)
+                assert not torch.isnan(out).any(), f"block {block} left outputs unwritten"
+                t = _graph_time_us(torch, lambda: launch(spec, 0, min(m, MAX_GRID_BLOCKS), args))
+                results.append((m, n, block, t))
+                print(f"sweep m={m:6d} n={n:5d} block {block:5d}: {t:8.2f} us", flush=True)
+    return results
+
+
 def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
+    from .kernels import add_rmsnorm_block
     from .ops import add_rmsnorm
 
     if not torch.cuda.is_available():
@@ -107,6 +132,10 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         ro = x + r
         return F.rms_norm(ro, (ro.shape[-1],), w, eps), ro
 
+    # one specialization per shape, as a serving engine with captured graphs would have
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 1024)
     compiled = torch.compile(unfused, dynamic=False)
     rows = []
     for n in args.hidden:
@@ -129,6 +158,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
             print(f"m={m:6d} n={n:5d} ours {ours:8.2f} us  eager {eager:8.2f}  compile {comp:8.2f}  "
                   f"{bw / 1e9:7.0f} GB/s ({100 * bw / copy_bw:5.1f}% of copy)", flush=True)
 
+    sweep = _block_sweep(torch, dtype, eps, args.hidden) if args.sweep_blocks else []
+
     gpu = torch.cuda.get_device_name(0)
     lines = [f"# add_rmsnorm on {gpu}, {args.dtype.value}",
              "",
@@ -145,6 +176,16 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         lines.append(f"| {r['m']} | {r['n']} | {r['floor_us']:.2f} | {r['ours_us']:.2f} | {r['eager_us']:.2f} | "
                      f"{r['compile_us']:.2f} | {r['ours_GBps']:.0f} | {r['pct_copy_bw']:.1f} | "
                      f"{r['eager_us'] / r['ours_us']:.2f}x | {r['compile_us'] / r['ours_us']:.2f}x |")
+    if sweep:
+        blocks = sorted({b for _, _, b, _ in sweep})
+        lines += ["", "Block-size sweep (us per call; the policy `kernels.add_rmsnorm_block` picks *):", "",
+                  "| m | n | " + " | ".join(f"block {b}" for b in blocks) + " |",
+                  "| ---: | ---: | " + " | ".join("---:" for _ in blocks) + " |"]
+        for m, n in sorted({(m, n) for m, n, _, _ in sweep}, key=lambda t: (t[1], t[0])):
+            cells = {b: t for mm, nn, b, t in sweep if (mm, nn) == (m, n)}
+            picked = add_rmsnorm_block(n * x.element_size() // 16)
+            lines.append(f"| {m} | {n} | " + " | ".join(f"{cells[b]:.2f}{'*' if b == picked else ''}" for b in blocks)
+                         + " |")
     table = "\n".join(lines) + "\n"
     print(table)
     if args.out:
@@ -152,6 +193,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "add_rmsnorm.md").write_text(table)
         (out / "add_rmsnorm.json").write_text(json.dumps(
-            {"gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows},
+            {"gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
+             "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep]},
             indent=1))
     return 0

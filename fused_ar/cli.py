@@ -224,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=_csv(int), default=[4096, 8192])
     p.add_argument("--m", type=_csv(int), default=[1, 4, 16, 64, 256, 1024, 4096, 16384])
     p.add_argument("--out", default=None, help="write the Markdown table and JSON here")
+    p.add_argument("--sweep-blocks", action="store_true", help="also time every block size at a few m")
     p.set_defaults(func=cmd_bench)
     return parser
 

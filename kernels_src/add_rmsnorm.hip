@@ -13,15 +13,17 @@ extern "C" __global__ FA_LAUNCH_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   const int tid = fa_thread_id();
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
     const fa_i64 base = (fa_i64)row * packs;
-    // All loads of the row are issued before the first store, so they are in flight together.
+    // All loads of the row (weight too) are issued before the first store, so they are in flight together.
     fa_pack_t xs[FA_REG_PACKS];
     fa_pack_t rs[FA_REG_PACKS];
+    fa_pack_t ws[FA_REG_PACKS];
 #pragma unroll
     for (int k = 0; k < FA_REG_PACKS; ++k) {
       const int p = tid + k * FA_BLOCK;
       if (p < packs) {
         xs[k] = fa_load_pack(x, base + p);
         rs[k] = fa_load_pack(residual, base + p);
+        ws[k] = fa_load_pack(weight, p);
       }
     }
     float kept[FA_REG_PACKS][FA_PACK_ELEMS];
@@ -47,7 +49,7 @@ extern "C" __global__ FA_LAUNCH_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
 #pragma unroll
     for (int k = 0; k < FA_REG_PACKS; ++k) {
       const int p = tid + k * FA_BLOCK;
-      if (p < packs) fa_store_pack(out, base + p, fa_normalize(kept[k], fa_load_pack(weight, p), inv_rms));
+      if (p < packs) fa_store_pack(out, base + p, fa_normalize(kept[k], ws[k], inv_rms));
     }
     for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
       float ro[FA_PACK_ELEMS];

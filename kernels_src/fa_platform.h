@@ -60,8 +60,17 @@ FA_INLINE fa_u32 fa_float_as_u32(float f) { return __builtin_bit_cast(fa_u32, f)
 FA_INLINE float fa_half_bits_to_float(fa_u16 h) { return (float)__builtin_bit_cast(_Float16, h); }
 FA_INLINE fa_u16 fa_float_to_half_bits(float f) { return __builtin_bit_cast(fa_u16, (_Float16)f); }
 
-FA_INLINE float fa_sqrtf(float x) { return __builtin_sqrtf(x); }
+FA_INLINE float fa_sqrt(float x) { return __builtin_sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return __builtin_sqrt(x); }
+
+// Narrowing to bf16 rounds to nearest even, NaN to 0x7fc0, exactly as torch does on ROCm
+// (c10's round_to_nearest_even); gfx942 has no bf16 convert instruction.
+FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
+  fa_u32 u = fa_float_as_u32(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (fa_u16)0x7fc0u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (fa_u16)(u >> 16);
+}
 
 #else  // FA_NVIDIA
 
@@ -90,20 +99,20 @@ FA_INLINE fa_u16 fa_float_to_half_bits(float f) {
   return h;
 }
 
-FA_INLINE float fa_sqrtf(float x) { return sqrtf(x); }
+FA_INLINE float fa_sqrt(float x) { return sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return sqrt(x); }
+
+// One instruction (sm_80+), the conversion torch's CUDA build uses: nearest even, NaN to 0x7fff.
+FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
+  fa_u16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
 
 #endif
 
 FA_INLINE int fa_lane() { return fa_thread_id() % FA_WAVE_SIZE; }
 FA_INLINE int fa_wave_id() { return fa_thread_id() / FA_WAVE_SIZE; }
 
-// bf16 is the top half of an fp32: widening is a shift; narrowing rounds to nearest even, NaN to the
-// canonical quiet NaN 0x7fc0, exactly as torch's float -> bfloat16 conversion does.
+// bf16 is the top half of an fp32: widening is a shift.
 FA_INLINE float fa_bf16_bits_to_float(fa_u16 h) { return fa_u32_as_float(((fa_u32)h) << 16); }
-FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
-  fa_u32 u = fa_float_as_u32(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (fa_u16)0x7fc0u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (fa_u16)(u >> 16);
-}

@@ -17,10 +17,10 @@ FA_INLINE fa_pack_t fa_residual_add(const float (&ar)[FA_PACK_ELEMS], const fa_p
   return fa_pack(ro);
 }
 
-// 1 / sqrt(mean + eps) from the row's sum of squares, in double so that only the final cast rounds.
+// 1 / sqrt(mean + eps) from the row's sum of squares, with IEEE division and square root in fa_norm_t.
 FA_INLINE fa_norm_t fa_inv_rms(fa_norm_t sumsq, int cols, float eps) {
-  const double mean = (double)sumsq / (double)cols;
-  return (fa_norm_t)(1.0 / fa_sqrt(mean + (double)eps));
+  const fa_norm_t mean = sumsq / (fa_norm_t)cols;
+  return (fa_norm_t)1 / fa_sqrt(mean + (fa_norm_t)eps);
 }
 
 // out = T(residual_out * inv_rms * weight).
