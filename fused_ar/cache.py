@@ -142,10 +142,11 @@ class KernelCache:
         if self.state() == "memory":
             return None
         bin_path, meta_path = self.paths(key)
+        shard = self._shard(key)
+        if shard.is_dir():
+            _check_trusted(shard)
         try:
             meta = json.loads(meta_path.read_text())
-            shard = self._shard(key)
-            _check_trusted(shard)
             code = bin_path.read_bytes()
         except (OSError, ValueError):
             return None
@@ -163,7 +164,11 @@ class KernelCache:
         bin_path, meta_path = self.paths(key)
         try:
             bin_path.parent.mkdir(exist_ok=True, mode=0o700)
-            _check_trusted(bin_path.parent)
+        except OSError as exc:
+            self._fallback("readonly", str(exc))
+            return
+        _check_trusted(bin_path.parent)
+        try:
             _atomic_write(bin_path, kernel.code)
             meta = {"key": key, "schema": SCHEMA_VERSION, "version": __version__, "spec": spec.to_dict(),
                     "lowered_names": kernel.lowered_names, "compiler": kernel.compiler,

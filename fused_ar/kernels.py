@@ -6,7 +6,7 @@ Launch-time policy (which block size for which row width) lives beside the defin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Mapping
 
@@ -29,7 +29,7 @@ class KernelDef:
     params: tuple[tuple[str, Arg], ...]
     ngpus: tuple[int, ...]
     warm_blocks: tuple[int, ...]
-    constants: Mapping[str, int] = field(default_factory=dict)
+    constants: Callable[[KernelSpec], Mapping[str, int]] = lambda spec: {}
 
     def specs(self, arch: str, dtypes: Iterable[DType], ngpus: Iterable[int]) -> list[KernelSpec]:
         return [KernelSpec(self.op, d, arch, DEFAULT_PACK, g, b)
@@ -59,9 +59,15 @@ def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[i
     return [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
 
 
-# Packs each thread of add_rmsnorm keeps in registers: with 1024 threads that covers rows of 4096
-# packs (32768 bf16, 16384 fp32) read once; 4 x 16 bytes keeps the kernel at 128 VGPRs on gfx942.
-ADD_RMSNORM_REG_PACKS = 4
+def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
+    """Packs each thread keeps in registers (x, residual, weight: 3 x 16 bytes each); rows past
+    block * this many packs take the kernel's re-read path. 4 below 1024 threads. At 1024 a thread may
+    hold 64 registers on sm_90 and 128 VGPRs on gfx942: 4 packs spill there (clang-19 remarks), and fp32,
+    whose sum of squares is double, spills at 2 (ptxas -v: 4 bytes), so 2 and 1."""
+    if spec.block < 1024:
+        return 4
+    return 1 if spec.dtype is DType.FP32 else 2
+
 
 ADD_RMSNORM = register(KernelDef(
     op=Op.ADD_RMSNORM,
@@ -70,7 +76,7 @@ ADD_RMSNORM = register(KernelDef(
             ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32)),
     ngpus=(1,),
     warm_blocks=BLOCK_SIZES,
-    constants={"FA_REG_PACKS": ADD_RMSNORM_REG_PACKS},
+    constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec)},
 ))
 
 

@@ -68,7 +68,7 @@ def render(spec: KernelSpec) -> Source:
         "FA_NGPUS": spec.ngpus,
         "FA_BLOCK": spec.block,
         "FA_KERNEL_NAME": spec.kernel_name,
-        **kdef.constants,
+        **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]
     head += [f"#define {k} {v}" for k, v in constants.items()]

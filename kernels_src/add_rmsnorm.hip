@@ -26,7 +26,6 @@ extern "C" __global__ FA_LAUNCH_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
         ws[k] = fa_load_pack(weight, p);
       }
     }
-    float kept[FA_REG_PACKS][FA_PACK_ELEMS];
     fa_norm_t sumsq = 0;
 #pragma unroll
     for (int k = 0; k < FA_REG_PACKS; ++k) {
@@ -34,14 +33,14 @@ extern "C" __global__ FA_LAUNCH_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
       if (p < packs) {
         float ar[FA_PACK_ELEMS];
         fa_unpack(xs[k], ar);
-        fa_store_pack(residual_out, base + p, fa_residual_add(ar, rs[k], kept[k], sumsq));
+        rs[k] = fa_residual_add(ar, rs[k], sumsq);  // rs[k] now holds residual_out
+        fa_store_pack(residual_out, base + p, rs[k]);
       }
     }
     for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
       float ar[FA_PACK_ELEMS];
-      float ro[FA_PACK_ELEMS];
       fa_unpack(fa_load_pack(x, base + p), ar);
-      fa_store_pack(residual_out, base + p, fa_residual_add(ar, fa_load_pack(residual, base + p), ro, sumsq));
+      fa_store_pack(residual_out, base + p, fa_residual_add(ar, fa_load_pack(residual, base + p), sumsq));
     }
 
     const fa_norm_t inv_rms = fa_inv_rms(fa_block_reduce_sum<FA_BLOCK>(sumsq), cols, eps);
@@ -49,12 +48,10 @@ extern "C" __global__ FA_LAUNCH_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
 #pragma unroll
     for (int k = 0; k < FA_REG_PACKS; ++k) {
       const int p = tid + k * FA_BLOCK;
-      if (p < packs) fa_store_pack(out, base + p, fa_normalize(kept[k], ws[k], inv_rms));
+      if (p < packs) fa_store_pack(out, base + p, fa_normalize(rs[k], ws[k], inv_rms));
     }
     for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
-      float ro[FA_PACK_ELEMS];
-      fa_unpack(fa_load_pack(residual_out, base + p), ro);
-      fa_store_pack(out, base + p, fa_normalize(ro, fa_load_pack(weight, p), inv_rms));
+      fa_store_pack(out, base + p, fa_normalize(fa_load_pack(residual_out, base + p), fa_load_pack(weight, p), inv_rms));
     }
   }
 }

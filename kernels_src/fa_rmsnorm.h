@@ -4,17 +4,17 @@
 #pragma once
 #include "fa_types.h"
 
-// residual_out = T(ar + residual). ro receives float(residual_out); sumsq accumulates its squares.
-FA_INLINE fa_pack_t fa_residual_add(const float (&ar)[FA_PACK_ELEMS], const fa_pack_t& residual,
-                                    float (&ro)[FA_PACK_ELEMS], fa_norm_t& sumsq) {
-  float r[FA_PACK_ELEMS];
-  fa_unpack(residual, r);
+// residual_out = T(ar + residual), returned as a pack; sumsq accumulates float(residual_out)^2.
+// Callers keep the T pack, not floats, for the scaling pass: half the registers for 16-bit T.
+FA_INLINE fa_pack_t fa_residual_add(const float (&ar)[FA_PACK_ELEMS], const fa_pack_t& residual, fa_norm_t& sumsq) {
+  float v[FA_PACK_ELEMS];
+  fa_unpack(residual, v);
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) {
-    ro[i] = fa_round_to_elem(ar[i] + r[i]);
-    sumsq += (fa_norm_t)ro[i] * (fa_norm_t)ro[i];
+    v[i] = fa_round_to_elem(ar[i] + v[i]);
+    sumsq += (fa_norm_t)v[i] * (fa_norm_t)v[i];
   }
-  return fa_pack(ro);
+  return fa_pack(v);
 }
 
 // 1 / sqrt(mean + eps) from the row's sum of squares, with IEEE division and square root in fa_norm_t.
@@ -24,13 +24,14 @@ FA_INLINE fa_norm_t fa_inv_rms(fa_norm_t sumsq, int cols, float eps) {
 }
 
 // out = T(residual_out * inv_rms * weight).
-FA_INLINE fa_pack_t fa_normalize(const float (&ro)[FA_PACK_ELEMS], const fa_pack_t& weight, fa_norm_t inv_rms) {
+FA_INLINE fa_pack_t fa_normalize(const fa_pack_t& residual_out, const fa_pack_t& weight, fa_norm_t inv_rms) {
+  float v[FA_PACK_ELEMS];
   float w[FA_PACK_ELEMS];
-  float o[FA_PACK_ELEMS];
+  fa_unpack(residual_out, v);
   fa_unpack(weight, w);
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) {
-    o[i] = (float)((fa_norm_t)ro[i] * inv_rms * (fa_norm_t)w[i]);
+    v[i] = (float)((fa_norm_t)v[i] * inv_rms * (fa_norm_t)w[i]);
   }
-  return fa_pack(o);
+  return fa_pack(v);
 }
