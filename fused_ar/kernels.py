@@ -80,10 +80,18 @@ ADD_RMSNORM = register(KernelDef(
 ))
 
 
+# Fewest threads per add_rmsnorm row: below 256, too few warps hide the load latency (H200 sweep,
+# bench/results/add_rmsnorm_h200_sweep.md: 64 and 128 threads lose up to 2x at small m).
+ADD_RMSNORM_MIN_BLOCK = 256
+# Packs per thread the policy aims for: 4 per thread beat 1 or 2 once rows are wide (same sweep:
+# n=8192 at m=16384: 261 us with 256 threads, 314 us with 512, 322 us with 1024).
+ADD_RMSNORM_PACKS_PER_THREAD = 4
+
+
 def add_rmsnorm_block(packs_per_row: int) -> int:
-    """Block size for a row of `packs_per_row` packs: about two packs per thread, clamped to BLOCK_SIZES."""
-    want = max(1, (packs_per_row + 1) // 2)
+    """Block size for a row of `packs_per_row` packs: the smallest in BLOCK_SIZES, from
+    ADD_RMSNORM_MIN_BLOCK up, that gives each thread at most ADD_RMSNORM_PACKS_PER_THREAD packs."""
     for block in BLOCK_SIZES:
-        if block >= want:
+        if block >= ADD_RMSNORM_MIN_BLOCK and block * ADD_RMSNORM_PACKS_PER_THREAD >= packs_per_row:
             return block
     return BLOCK_SIZES[-1]
