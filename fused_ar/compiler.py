@@ -91,3 +91,34 @@ def compiler_for(arch: str) -> Compiler:
 
 def unavailable(arch: str, need: str, exc: BaseException) -> CompilerUnavailableError:
     return CompilerUnavailableError(f"{arch} need {need}, which cannot be loaded here: {exc}")
+
+
+def rtc_compile(api: Any, prefix: str, code: str, buffer: Any, source: Source, options: tuple[str, ...],
+                arch: str, identity: str) -> CompiledKernel:
+    """The program life cycle NVRTC and hiprtc share, call for call: create, add the kernel's name
+    expression, compile, log, code object, lowered name, destroy. `prefix` is 'nvrtc' or 'hiprtc',
+    `code` the code-object getter's stem ('CUBIN' or 'Code'), `buffer(size)` an output buffer."""
+    from .errors import CompileError
+
+    call = lambda name, *args: checked(getattr(api, prefix + name)(*args), prefix + name)  # noqa: E731
+    prog = call("CreateProgram", source.text.encode(), source.filename.encode(), 0, [], [])
+    try:
+        call("AddNameExpression", prog, source.name.encode())
+        status = getattr(api, prefix + "CompileProgram")(prog, len(options), [o.encode() for o in options])[0]
+        size = call("GetProgramLogSize", prog)
+        log = buffer(size)
+        if size:
+            call("GetProgramLog", prog, log)
+        log = bytes(log).rstrip(b"\x00").decode(errors="replace")
+        if int(status) != 0:
+            raise CompileError(source.spec, options, log, f"{prefix} {status!r}")
+        size = call(f"Get{code}Size", prog)
+        if size == 0:
+            raise CompileError(source.spec, options, log, f"{prefix} produced no code object for arch {arch}")
+        image = buffer(size)
+        call(f"Get{code}", prog, image)
+        lowered = call("GetLoweredName", prog, source.name.encode())
+    finally:
+        getattr(api, prefix + "DestroyProgram")(prog)
+    lowered = lowered.decode() if isinstance(lowered, (bytes, bytearray)) else str(lowered)
+    return CompiledKernel(bytes(image), {source.name: lowered}, log, identity, options, arch)

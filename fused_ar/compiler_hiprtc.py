@@ -9,8 +9,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, unavailable
-from .errors import CompileError
+from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, unavailable
 from .render import Source
 from .spec import Platform
 
@@ -44,31 +43,5 @@ class HiprtcCompiler(Compiler):
         return (f"--offload-arch={arch}",) + _BASE_OPTIONS
 
     def compile(self, source: Source, arch: str) -> CompiledKernel:
-        _, hiprtc = self._libs
-        options = self.options(arch)
-        prog = checked(hiprtc.hiprtcCreateProgram(source.text.encode(), source.filename.encode(), 0, [], []),
-                       "hiprtcCreateProgram")
-        try:
-            checked(hiprtc.hiprtcAddNameExpression(prog, source.name.encode()), "hiprtcAddNameExpression")
-            status = hiprtc.hiprtcCompileProgram(prog, len(options), [o.encode() for o in options])[0]
-            log = self._log(hiprtc, prog)
-            if int(status) != 0:
-                raise CompileError(source.spec, options, log, f"hiprtc {status!r}")
-            size = checked(hiprtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
-            if size == 0:
-                raise CompileError(source.spec, options, log, "hiprtc produced an empty code object")
-            code = bytearray(size)
-            checked(hiprtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
-            lowered = checked(hiprtc.hiprtcGetLoweredName(prog, source.name.encode()), "hiprtcGetLoweredName")
-        finally:
-            hiprtc.hiprtcDestroyProgram(prog)
-        name = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
-        return CompiledKernel(bytes(code), {source.name: name}, log, self.identity(), options, arch)
-
-    @staticmethod
-    def _log(hiprtc: Any, prog: Any) -> str:
-        size = checked(hiprtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
-        buf = bytearray(size)
-        if size:
-            checked(hiprtc.hiprtcGetProgramLog(prog, buf), "hiprtcGetProgramLog")
-        return bytes(buf).rstrip(b"\x00").decode(errors="replace")
+        return rtc_compile(self._libs[1], "hiprtc", "Code", bytearray, source, self.options(arch), arch,
+                           self.identity())

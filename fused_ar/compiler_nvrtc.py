@@ -9,8 +9,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, unavailable
-from .errors import CompileError
+from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, unavailable
 from .render import Source
 from .spec import Platform
 
@@ -44,28 +43,6 @@ class NvrtcCompiler(Compiler):
         return (f"--gpu-architecture={arch}",) + _BASE_OPTIONS
 
     def compile(self, source: Source, arch: str) -> CompiledKernel:
-        nvrtc = self._nvrtc
-        options = self.options(arch)
-        prog = checked(nvrtc.nvrtcCreateProgram(source.text.encode(), source.filename.encode(), 0, [], []),
-                       "nvrtcCreateProgram")
-        try:
-            checked(nvrtc.nvrtcAddNameExpression(prog, source.name.encode()), "nvrtcAddNameExpression")
-            status = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])[0]
-            log = self._log(prog)
-            if int(status) != 0:
-                raise CompileError(source.spec, options, log, f"NVRTC {status!r}")
-            size = checked(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-            if size == 0:
-                raise CompileError(source.spec, options, log, f"NVRTC produced no CUBIN (arch {arch} must be sm_XX)")
-            cubin = b" " * size
-            checked(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-            lowered = checked(nvrtc.nvrtcGetLoweredName(prog, source.name.encode()), "nvrtcGetLoweredName")
-        finally:
-            nvrtc.nvrtcDestroyProgram(prog)
-        return CompiledKernel(bytes(cubin), {source.name: lowered.decode()}, log, self.identity(), options, arch)
-
-    def _log(self, prog: Any) -> str:
-        size = checked(self._nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
-        checked(self._nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-        return buf.rstrip(b"\x00").decode(errors="replace")
+        # CUBIN (not PTX): only a real sm_XX yields one; rtc_compile rejects an empty image
+        return rtc_compile(self._nvrtc, "nvrtc", "CUBIN", lambda n: b" " * n, source, self.options(arch), arch,
+                           self.identity())
