@@ -95,3 +95,48 @@ def add_rmsnorm_block(packs_per_row: int) -> int:
         if block >= ADD_RMSNORM_MIN_BLOCK and block * ADD_RMSNORM_PACKS_PER_THREAD >= packs_per_row:
             return block
     return BLOCK_SIZES[-1]
+
+
+# Layout of the signal buffer shared with kernels_src/fa_peers.h (rendered in as FA_MAX_BLOCKS and
+# FA_MAX_RANKS): the most blocks a cross-GPU launch may have, and the largest group.
+MAX_BLOCKS = 128
+MAX_RANKS = 8
+SIGNAL_BYTES = 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS + 1)
+PEER_TABLE_BYTES = 3 * MAX_RANKS * 8
+# Stage 1 of the two-stage kernels: 256 threads give small-m shapes more blocks (shared/seed).
+TWO_STAGE_BLOCK = 256
+CROSS_GPU_NGPUS = (2, 4, 6, 8)
+
+
+def cross_gpu_reg_packs(spec: KernelSpec) -> int:
+    """Half of add_rmsnorm's (a quarter for fp32, whose sums are double): the N input packs of the rank
+    sum are live at once on top, and fewer registers per thread leave room for all ranks' blocks when
+    several ranks share one GPU."""
+    return max(1, add_rmsnorm_reg_packs(spec) // (4 if spec.dtype is DType.FP32 else 2))
+
+
+def _cross_gpu_constants(two_stage: bool):
+    def constants(spec: KernelSpec) -> dict[str, int]:
+        return {"FA_TWO_STAGE": int(two_stage), "FA_MAX_BLOCKS": MAX_BLOCKS, "FA_MAX_RANKS": MAX_RANKS,
+                "FA_REG_PACKS": cross_gpu_reg_packs(spec)}
+    return constants
+
+
+_FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("residual_out", Arg.PTR),
+                 ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32),
+                 ("eps", Arg.F32), ("timeout_ns", Arg.I64))
+_ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
+                     ("timeout_ns", Arg.I64))
+
+ALLREDUCE_RMSNORM_1STAGE = register(KernelDef(
+    Op.ALLREDUCE_RMSNORM_1STAGE, "allreduce_rmsnorm.hip", _FUSED_PARAMS, CROSS_GPU_NGPUS,
+    warm_blocks=(256, 512, 1024), constants=_cross_gpu_constants(False)))
+ALLREDUCE_RMSNORM_2STAGE = register(KernelDef(
+    Op.ALLREDUCE_RMSNORM_2STAGE, "allreduce_rmsnorm.hip", _FUSED_PARAMS, CROSS_GPU_NGPUS,
+    warm_blocks=(TWO_STAGE_BLOCK,), constants=_cross_gpu_constants(True)))
+ALLREDUCE_1STAGE = register(KernelDef(
+    Op.ALLREDUCE_1STAGE, "allreduce.hip", _ALLREDUCE_PARAMS, CROSS_GPU_NGPUS,
+    warm_blocks=(256,), constants=_cross_gpu_constants(False)))
+ALLREDUCE_2STAGE = register(KernelDef(
+    Op.ALLREDUCE_2STAGE, "allreduce.hip", _ALLREDUCE_PARAMS, CROSS_GPU_NGPUS,
+    warm_blocks=(TWO_STAGE_BLOCK,), constants=_cross_gpu_constants(True)))

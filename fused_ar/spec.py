@@ -50,6 +50,10 @@ class Platform(str, Enum):
 
 class Op(str, Enum):
     ADD_RMSNORM = "add_rmsnorm"
+    ALLREDUCE_RMSNORM_1STAGE = "allreduce_rmsnorm_1stage"
+    ALLREDUCE_RMSNORM_2STAGE = "allreduce_rmsnorm_2stage"
+    ALLREDUCE_1STAGE = "allreduce_1stage"
+    ALLREDUCE_2STAGE = "allreduce_2stage"
 
 
 # Architectures: NVIDIA `sm_XX` (a CUBIN needs a real sm, not compute_XX); AMD `gfxNNN` with optional

@@ -31,6 +31,7 @@ typedef long long fa_i64;
 #define __shared__ __attribute__((shared))
 #endif
 #define FA_LAUNCH_BOUNDS(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#define FA_REGISTER_BOUNDS(threads) FA_LAUNCH_BOUNDS(threads)
 // CDNA (gfx9) runs 64 lanes per wave; the compiler says so for any target it knows.
 #if defined(__AMDGCN_WAVEFRONT_SIZE__)
 #define FA_WAVE_SIZE __AMDGCN_WAVEFRONT_SIZE__
@@ -63,6 +64,20 @@ FA_INLINE fa_u16 fa_float_to_half_bits(float f) { return __builtin_bit_cast(fa_u
 FA_INLINE float fa_sqrt(float x) { return __builtin_sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return __builtin_sqrt(x); }
 
+// Cross-GPU flags: release/acquire at system scope (emit buffer_wbl2 / buffer_inv on gfx942), so data
+// written before a flag store is visible to the peer GPU that acquires the flag.
+FA_INLINE void fa_store_release_sys(fa_u32* p, fa_u32 v) {
+  __scoped_atomic_store_n(p, v, __ATOMIC_RELEASE, __MEMORY_SCOPE_SYSTEM);
+}
+FA_INLINE fa_u32 fa_load_acquire_sys(const fa_u32* p) {
+  return __scoped_atomic_load_n(p, __ATOMIC_ACQUIRE, __MEMORY_SCOPE_SYSTEM);
+}
+FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
+  __scoped_atomic_store_n(p, v, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+}
+// s_memrealtime is a constant 100 MHz clock on CDNA: 10 ns per tick.
+FA_INLINE fa_u64 fa_timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
+
 // Narrowing to bf16 rounds to nearest even, NaN to 0x7fc0, exactly as torch does on ROCm
 // (c10's round_to_nearest_even); gfx942 has no bf16 convert instruction.
 FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
@@ -75,6 +90,9 @@ FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
 #else  // FA_NVIDIA
 
 #define FA_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// The whole register file a block of `threads` may use. ptxas under __launch_bounds__ alone held the
+// cross-GPU kernels at 40-80 registers and spilled (ptxas -v, NVRTC 13); the two cannot be combined.
+#define FA_REGISTER_BOUNDS(threads) __maxnreg__(65536 / (threads) > 255 ? 255 : 65536 / (threads))
 #define FA_WAVE_SIZE 32
 #define FA_INLINE __device__ __forceinline__
 
@@ -101,6 +119,25 @@ FA_INLINE fa_u16 fa_float_to_half_bits(float f) {
 
 FA_INLINE float fa_sqrt(float x) { return sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return sqrt(x); }
+
+// Cross-GPU flags: release/acquire at system scope, so data written before a flag store is visible to
+// the peer GPU (or process) that acquires the flag.
+FA_INLINE void fa_store_release_sys(fa_u32* p, fa_u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+FA_INLINE fa_u32 fa_load_acquire_sys(const fa_u32* p) {
+  fa_u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+FA_INLINE fa_u64 fa_timer_ns() {
+  fa_u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 // One instruction (sm_80+), the conversion torch's CUDA build uses: nearest even, NaN to 0x7fff.
 FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {

@@ -87,3 +87,51 @@ FA_INLINE fa_pack_t fa_load_pack(const fa_elem_t* base, fa_i64 pack_index) {
 FA_INLINE void fa_store_pack(fa_elem_t* base, fa_i64 pack_index, const fa_pack_t& p) {
   reinterpret_cast<fa_pack_t*>(base)[pack_index] = p;
 }
+
+// Packs in a peer's buffer (another GPU's or process's memory, or the local tmp buffer peers write):
+// explicitly global and cached in L2 only, since the pointers come from a table (the compiler cannot
+// infer their address space) and L1 is not coherent with writes made by other GPUs.
+FA_INLINE fa_pack_t fa_load_pack_peer(const fa_elem_t* base, fa_i64 pack_index) {
+#if FA_AMD
+  typedef fa_u32 words_t __attribute__((ext_vector_type(FA_PACK_WORDS)));
+  typedef const __attribute__((address_space(1))) words_t global_words;
+  const words_t u = ((global_words*)base)[pack_index];
+  fa_pack_t v;
+#pragma unroll
+  for (int i = 0; i < FA_PACK_WORDS; ++i) v.w[i] = u[i];
+  return v;
+#else
+  const fa_pack_t* p = reinterpret_cast<const fa_pack_t*>(base) + pack_index;
+  fa_pack_t v;
+#if FA_PACK_WORDS == 4
+  const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
+  v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
+#elif FA_PACK_WORDS == 2
+  const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
+  v.w[0] = u.x, v.w[1] = u.y;
+#else
+  v.w[0] = __ldcg(reinterpret_cast<const unsigned int*>(p));
+#endif
+  return v;
+#endif
+}
+
+FA_INLINE void fa_store_pack_peer(fa_elem_t* base, fa_i64 pack_index, const fa_pack_t& v) {
+#if FA_AMD
+  typedef fa_u32 words_t __attribute__((ext_vector_type(FA_PACK_WORDS)));
+  typedef __attribute__((address_space(1))) words_t global_words;
+  words_t u;
+#pragma unroll
+  for (int i = 0; i < FA_PACK_WORDS; ++i) u[i] = v.w[i];
+  ((global_words*)base)[pack_index] = u;
+#else
+  fa_pack_t* p = reinterpret_cast<fa_pack_t*>(base) + pack_index;
+#if FA_PACK_WORDS == 4
+  __stcg(reinterpret_cast<uint4*>(p), make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]));
+#elif FA_PACK_WORDS == 2
+  __stcg(reinterpret_cast<uint2*>(p), make_uint2(v.w[0], v.w[1]));
+#else
+  __stcg(reinterpret_cast<unsigned int*>(p), v.w[0]);
+#endif
+#endif
+}

@@ -38,7 +38,8 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     assert re.search(r"LDG\.E\.128", sass), "no 128-bit global loads"
     assert re.search(r"STG\.E\.128", sass), "no 128-bit global stores"
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory traffic (spills or a stack array)"
-    assert "SHFL.BFLY" in sass  # the shared wave reduction
+    if "rmsnorm" in spec.op.value:
+        assert "SHFL.BFLY" in sass  # the shared wave reduction
 
 
 def test_compile_error_carries_spec_options_and_log():
