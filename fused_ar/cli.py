@@ -1,4 +1,4 @@
-"""The command line: `python -m fused_ar source | warm | cache | info | bench`.
+"""The command line: `python -m fused_ar source | warm | cache | info | demo | bench`.
 
 Commands parse their arguments and call library functions; none of them holds kernel, cache or launch
 logic of its own. Warming runs in parallel worker processes and works on a machine without a GPU.
@@ -182,6 +182,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     return cmd_cache(argparse.Namespace(action="info"))
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench_local import bench_add_rmsnorm
 
@@ -217,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="platform, devices, compilers and cache")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("demo", help="run the fused op on the GPUs here (one GPU: N ranks emulated), checked and timed")
+    p.add_argument("--tp", type=_csv(int), default=[2, 4, 8], help="group sizes to emulate on one GPU")
+    p.add_argument("--m", type=_csv(int), default=[1, 16, 128, 1024])
+    p.add_argument("--n", type=int, default=8192)
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks on the GPU")
     p.add_argument("what", choices=["add_rmsnorm"])

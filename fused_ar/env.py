@@ -23,6 +23,19 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _bool01(raw: str) -> bool:
+    if raw not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
+    return raw == "1"
+
+
+def _bytes(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be a byte count >= 0")
+    return value
+
+
 def _path(raw: str) -> Path:
     return Path(raw).expanduser()
 
@@ -61,6 +74,18 @@ CLANG: EnvVar[str] = EnvVar(
     "FUSED_AR_CLANG", str, "clang-19", "`clang-19`",
     "clang used by the offline AMD check compiler (`-x hip -nogpulib -nogpuinc`).",
 )
+ONE_STAGE: EnvVar[bool] = EnvVar(
+    "FUSED_AR_1STAGE", _bool01, None, "unset (by size)",
+    "Force the one-stage (1) or two-stage (0) kernels on the `auto` path.",
+)
+ONE_STAGE_MAX_BYTES: EnvVar[int] = EnvVar(
+    "FUSED_AR_1STAGE_MAX_BYTES", _bytes, None, "the table in `fused_ar/policy.py`",
+    "Largest input (bytes per rank) the `auto` path sends through the one-stage kernels.",
+)
+TIMEOUT_S: EnvVar[float] = EnvVar(
+    "FUSED_AR_TIMEOUT_S", _positive_float, 30.0, "30",
+    "Seconds a cross-GPU kernel waits for a peer at a barrier before giving up (never a hang).",
+)
 XDG_CACHE_HOME: EnvVar[Path] = EnvVar(
     "XDG_CACHE_HOME", _path, None, "unset", "Standard base of per-user caches; used when FUSED_AR_CACHE_DIR is unset.",
 )
@@ -68,7 +93,8 @@ XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
     "XDG_RUNTIME_DIR", _path, None, "unset", "Standard per-user node-local runtime directory; hosts the lock directory.",
 )
 
-VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
+VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
+                                 TIMEOUT_S, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
 
 
 def cache_dir() -> Path:

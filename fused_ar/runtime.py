@@ -52,6 +52,45 @@ class Runtime(ABC):
                shared_mem: int = 0) -> None:
         """Enqueue one launch on `stream` (a raw stream handle, e.g. torch's `cuda_stream`)."""
 
+    # -- memory the communicator owns (never torch's caching allocator: its blocks cannot be exported) --
+    @abstractmethod
+    def alloc(self, nbytes: int, device: int, uncached: bool = False) -> int:
+        """Device memory, zeroed; `uncached` (AMD: fine-grained, uncached; CUDA: ignored) for signal flags."""
+
+    @abstractmethod
+    def free(self, ptr: int, device: int) -> None: ...
+
+    @abstractmethod
+    def copy_to_device(self, ptr: int, data: bytes, device: int) -> None:
+        """Synchronous host-to-device copy (small tables)."""
+
+    @abstractmethod
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Device-to-device copy enqueued on `stream`."""
+
+    @abstractmethod
+    def read_u32(self, ptr: int, device: int) -> int:
+        """One 32-bit word of device memory, read synchronously (error words)."""
+
+    @abstractmethod
+    def ipc_handle(self, ptr: int) -> bytes:
+        """The 64-byte IPC handle of the allocation starting at `ptr`."""
+
+    @abstractmethod
+    def ipc_open(self, handle: bytes, device: int) -> int:
+        """Maps a peer process's allocation into this process; returns its address here."""
+
+    @abstractmethod
+    def ipc_close(self, ptr: int, device: int) -> None: ...
+
+    @abstractmethod
+    def max_active_blocks(self, function: Any, block: int) -> int:
+        """Blocks of `function` one multiprocessor (CU) holds at once."""
+
+    @abstractmethod
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        """(free, total) device memory in bytes."""
+
 
 @lru_cache(maxsize=None)
 def current_runtime() -> Runtime:

@@ -46,3 +46,66 @@ class CudaRuntime(Runtime):
         checked(self._driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared_mem,
                                             self._driver.CUstream(stream), ctypes.addressof(pointers), 0),
                 "cuLaunchKernel", DeviceError)
+
+    def _in(self, device: int):
+        import torch
+
+        return torch.cuda.device(device)
+
+    def alloc(self, nbytes: int, device: int, uncached: bool = False) -> int:
+        drv = self._driver
+        with self._in(device):
+            import torch
+
+            torch.cuda.init()
+            ptr = int(checked(drv.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})", DeviceError))
+            checked(drv.cuMemsetD8(drv.CUdeviceptr(ptr), 0, nbytes), "cuMemsetD8", DeviceError)
+            checked(drv.cuCtxSynchronize(), "cuCtxSynchronize", DeviceError)
+        return ptr
+
+    def free(self, ptr: int, device: int) -> None:
+        with self._in(device):
+            checked(self._driver.cuMemFree(self._driver.CUdeviceptr(ptr)), "cuMemFree", DeviceError)
+
+    def copy_to_device(self, ptr: int, data: bytes, device: int) -> None:
+        with self._in(device):
+            checked(self._driver.cuMemcpyHtoD(self._driver.CUdeviceptr(ptr), data, len(data)), "cuMemcpyHtoD",
+                    DeviceError)
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        drv = self._driver
+        checked(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(dst), drv.CUdeviceptr(src), nbytes, drv.CUstream(stream)),
+                "cuMemcpyDtoDAsync", DeviceError)
+
+    def read_u32(self, ptr: int, device: int) -> int:
+        buf = bytearray(4)
+        with self._in(device):
+            checked(self._driver.cuMemcpyDtoH(buf, self._driver.CUdeviceptr(ptr), 4), "cuMemcpyDtoH", DeviceError)
+        return int.from_bytes(buf, "little")
+
+    def ipc_handle(self, ptr: int) -> bytes:
+        handle = checked(self._driver.cuIpcGetMemHandle(self._driver.CUdeviceptr(ptr)), "cuIpcGetMemHandle",
+                         DeviceError)
+        return bytes(handle.reserved)
+
+    def ipc_open(self, handle: bytes, device: int) -> int:
+        drv = self._driver
+        h = drv.CUipcMemHandle()
+        h.reserved = handle
+        with self._in(device):
+            flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+            return int(checked(drv.cuIpcOpenMemHandle(h, flags), "cuIpcOpenMemHandle", DeviceError))
+
+    def ipc_close(self, ptr: int, device: int) -> None:
+        with self._in(device):
+            checked(self._driver.cuIpcCloseMemHandle(self._driver.CUdeviceptr(ptr)), "cuIpcCloseMemHandle",
+                    DeviceError)
+
+    def max_active_blocks(self, function: Any, block: int) -> int:
+        return int(checked(self._driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, block, 0),
+                           "cuOccupancyMaxActiveBlocksPerMultiprocessor", DeviceError))
+
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        with self._in(device):
+            free, total = checked(self._driver.cuMemGetInfo(), "cuMemGetInfo", DeviceError)
+        return int(free), int(total)

@@ -1,7 +1,8 @@
-"""HIP facade over hip-python: hipModuleLoadData, hipModuleGetFunction, hipModuleLaunchKernel.
+"""HIP facade over hip-python: hipModuleLoadData, hipModuleGetFunction, hipModuleLaunchKernel, memory, IPC.
 
 Arguments travel in `extra` as the tuple of ctypes values hip-python lays out by C alignment; a module
-is loaded per device (HIP modules belong to the current device).
+is loaded per device (HIP modules belong to the current device). Signal memory is fine-grained and
+uncached (hipExtMallocWithFlags, flag 3). Compiled and type-checked here; run only where ROCm is.
 """
 
 from __future__ import annotations
@@ -41,3 +42,67 @@ class HipRuntime(Runtime):
                                                 self._hip.hipStream_t(stream) if stream else None,
                                                 None, extra=tuple(args)),
                 "hipModuleLaunchKernel", DeviceError)
+
+    # hipDeviceMallocUncached: flags written by one GPU are seen by its peers without cache flushes.
+    _MALLOC_UNCACHED = 3
+    _IPC_LAZY_ENABLE_PEER_ACCESS = 1
+    _MEMCPY_DEVICE_TO_DEVICE = 3
+
+    def _in(self, device: int):
+        import torch
+
+        return torch.cuda.device(device)
+
+    def alloc(self, nbytes: int, device: int, uncached: bool = False) -> int:
+        hip = self._hip
+        with self._in(device):
+            if uncached:
+                ptr = checked(hip.hipExtMallocWithFlags(nbytes, self._MALLOC_UNCACHED), "hipExtMallocWithFlags",
+                              DeviceError)
+            else:
+                ptr = checked(hip.hipMalloc(nbytes), f"hipMalloc({nbytes})", DeviceError)
+            checked(hip.hipMemset(ptr, 0, nbytes), "hipMemset", DeviceError)
+            checked(hip.hipDeviceSynchronize(), "hipDeviceSynchronize", DeviceError)
+        return int(ptr)
+
+    def free(self, ptr: int, device: int) -> None:
+        with self._in(device):
+            checked(self._hip.hipFree(ptr), "hipFree", DeviceError)
+
+    def copy_to_device(self, ptr: int, data: bytes, device: int) -> None:
+        with self._in(device):
+            checked(self._hip.hipMemcpyHtoD(ptr, bytearray(data), len(data)), "hipMemcpyHtoD", DeviceError)
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        checked(self._hip.hipMemcpyAsync(dst, src, nbytes, self._MEMCPY_DEVICE_TO_DEVICE,
+                                         self._hip.hipStream_t(stream) if stream else None),
+                "hipMemcpyAsync", DeviceError)
+
+    def read_u32(self, ptr: int, device: int) -> int:
+        buf = bytearray(4)
+        with self._in(device):
+            checked(self._hip.hipMemcpyDtoH(buf, ptr, 4), "hipMemcpyDtoH", DeviceError)
+        return int.from_bytes(buf, "little")
+
+    def ipc_handle(self, ptr: int) -> bytes:
+        handle = checked(self._hip.hipIpcGetMemHandle(ptr), "hipIpcGetMemHandle", DeviceError)
+        return ctypes.string_at(int(handle.ptr), 64)  # the 64 bytes, not `.reserved`
+
+    def ipc_open(self, handle: bytes, device: int) -> int:
+        h = self._hip.hipIpcMemHandle_t.fromObj(bytearray(handle))
+        with self._in(device):
+            return int(checked(self._hip.hipIpcOpenMemHandle(h, self._IPC_LAZY_ENABLE_PEER_ACCESS),
+                               "hipIpcOpenMemHandle", DeviceError))
+
+    def ipc_close(self, ptr: int, device: int) -> None:
+        with self._in(device):
+            checked(self._hip.hipIpcCloseMemHandle(ptr), "hipIpcCloseMemHandle", DeviceError)
+
+    def max_active_blocks(self, function: Any, block: int) -> int:
+        return int(checked(self._hip.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(function, block, 0),
+                           "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", DeviceError))
+
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        with self._in(device):
+            free, total = checked(self._hip.hipMemGetInfo(), "hipMemGetInfo", DeviceError)
+        return int(free), int(total)

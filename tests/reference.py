@@ -32,3 +32,18 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     d = (ia - ib).abs()
     nan = torch.isnan(a) | torch.isnan(b)
     return torch.where(nan, torch.full_like(d, 1 << 40), d)
+
+
+def assert_rmsnorm_matches(xs, residual, weight, eps, out, residual_out):
+    """residual_out bit-exact, out within 1 ulp of T, against add_rmsnorm_reference(xs, ...)."""
+    _, ref_ro, ref_out = add_rmsnorm_reference(xs, residual, weight, eps)
+    assert torch.equal(residual_out, ref_ro), f"residual_out differs in {(residual_out != ref_ro).sum().item()} elements"
+    d = ulp_distance(out, ref_out)
+    assert d.max().item() <= 1, f"out off by {d.max().item()} ulp ({(d > 1).sum().item()} elements > 1 ulp)"
+
+
+def allreduce_reference(xs):
+    acc = torch.zeros_like(xs[0], dtype=torch.float32)
+    for x in xs:
+        acc = acc + x.float()
+    return acc.to(xs[0].dtype)

@@ -1,0 +1,58 @@
+"""Which cross-GPU path a call takes: the one-stage/two-stage byte thresholds, with their origins, and the
+environment overrides. Pure functions of (platform, ngpus, bytes, path); no devices, no launches.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Union
+
+from . import env
+from .errors import InputError
+from .spec import Platform
+
+KiB = 1024
+
+
+class Path(str, Enum):
+    AUTO = "auto"
+    ONE_STAGE = "1stage"
+    TWO_STAGE = "2stage"
+
+
+# Largest input (bytes per rank) that takes the one-stage kernels; above it, two-stage.
+ONE_STAGE_MAX_BYTES: dict[tuple[Platform, int], int] = {
+    # MI355X, aiter #3458 (the seed's selection thresholds): TP2 896 KiB, TP4 448 KiB, TP8 224 KiB.
+    (Platform.HIP, 2): 896 * KiB,
+    (Platform.HIP, 4): 448 * KiB,
+    (Platform.HIP, 8): 224 * KiB,
+    # TP6 is not measured in the field: the TP4/TP8 numbers scale as 1/N, so 448 * 4 / 6.
+    (Platform.HIP, 6): 298 * KiB,
+    # H100, TensorRT-LLM / vLLM: one-shot up to 32 tokens of 8192 bf16 (512 KiB) at TP8; the same bound
+    # is kept for smaller TP until bench measures ours (issue: benchmark suite, --write-thresholds).
+    (Platform.CUDA, 2): 512 * KiB,
+    (Platform.CUDA, 4): 512 * KiB,
+    (Platform.CUDA, 6): 512 * KiB,
+    (Platform.CUDA, 8): 512 * KiB,
+}
+
+
+def one_stage_max_bytes(platform: Platform, ngpus: int) -> int:
+    override = env.ONE_STAGE_MAX_BYTES.get()
+    return override if override is not None else ONE_STAGE_MAX_BYTES[(platform, ngpus)]
+
+
+def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int) -> bool:
+    """True for the two-stage kernels. `path` forces one; `auto` follows FUSED_AR_1STAGE, else the size."""
+    try:
+        path = Path(path)
+    except ValueError:
+        raise InputError(f"path={path!r}: must be one of {[p.value for p in Path]}") from None
+    if path is Path.ONE_STAGE:
+        return False
+    if path is Path.TWO_STAGE:
+        return True
+    forced = env.ONE_STAGE.get()
+    if forced is not None:
+        return not forced
+    return nbytes > one_stage_max_bytes(platform, ngpus)

@@ -1,0 +1,180 @@
+"""The communicator on one GPU: N ranks in one process (each its own memory and stream, all kernels in
+flight together), every path and dtype against the rank-order reference; 200 calls back to back; N
+processes sharing the GPU through real IPC; 50 create/close cycles without growth."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fused_ar import Communicator
+from tests.reference import allreduce_reference, assert_rmsnorm_matches
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+MS = [1, 2, 3, 7, 16, 17, 31, 64, 127, 128, 1000, 4096]
+NS = [512, 2880, 4096, 7168, 8192, 16384]
+MAX_BYTES = 4096 * 16384 * 4
+
+
+@pytest.fixture(scope="module", params=[2, 4, 8], ids=lambda n: f"N{n}")
+def group(request):
+    comms = Communicator.local_group(request.param, device=0, max_bytes=MAX_BYTES)
+    streams = [torch.cuda.Stream() for _ in comms]
+    yield comms, streams
+    torch.cuda.synchronize()
+    for c in comms:
+        c.close()
+
+
+def run_ranks(group, fn):
+    """fn(rank, comm) on every rank, each on its own stream, all enqueued before one synchronize."""
+    comms, streams = group
+    results = []
+    for rank, (comm, stream) in enumerate(zip(comms, streams)):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            results.append(fn(rank, comm))
+    torch.cuda.synchronize()
+    for comm in comms:
+        assert comm.error_code() == 0, f"rank {comm.rank} timed out: {comm.error_code():#x}"
+    return results
+
+
+def make_inputs(n_ranks, m, n, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    xs = [torch.randn(m, n, device="cuda", dtype=dtype, generator=g) for _ in range(n_ranks)]
+    residual = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    weight = torch.rand(n, device="cuda", dtype=dtype, generator=g) + 0.5
+    return xs, residual, weight
+
+
+def poisoned(t):
+    return torch.full_like(t, float("nan"))
+
+
+def check_fused(group, xs, residual, weight, path, eps=1e-6):
+    outs = run_ranks(group, lambda r, c: c.allreduce_rmsnorm(xs[r], residual, weight, eps, path=path,
+                                                              out=poisoned(residual), residual_out=poisoned(residual)))
+    for out, ro in outs:
+        assert torch.equal(out, outs[0][0]) and torch.equal(ro, outs[0][1]), "ranks disagree"
+    assert_rmsnorm_matches(xs, residual, weight, eps, outs[0][0], outs[0][1])
+
+
+def check_plain(group, xs, path):
+    outs = run_ranks(group, lambda r, c: c.allreduce(xs[r], path=path, out=poisoned(xs[r])))
+    ref = allreduce_reference(xs)
+    for out in outs:
+        assert torch.equal(out, ref), f"all-reduce differs in {(out != ref).sum().item()} elements"
+
+
+@pytest.mark.parametrize("path", ["1stage", "2stage"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", NS)
+def test_fused_and_plain_against_reference(group, path, dtype, n):
+    n_ranks = len(group[0])
+    for m in MS:
+        xs, residual, weight = make_inputs(n_ranks, m, n, dtype, seed=hash((n_ranks, m, n, str(dtype), path)) % 2**31)
+        before = [x.clone() for x in xs]
+        check_fused(group, xs, residual, weight, path)
+        check_plain(group, xs, path)
+        assert all(torch.equal(a, b) for a, b in zip(xs, before)), "an input was written"
+
+
+@pytest.mark.parametrize("path", ["auto", "1stage", "2stage"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_200_calls_back_to_back(group, path, dtype):
+    """No host synchronization between calls: a missing end barrier or a misordered flag shows here."""
+    comms, streams = group
+    n_ranks, m, n, calls = len(comms), 33, 4096, 200
+    data = [make_inputs(n_ranks, m, n, dtype, seed=1000 + i) for i in range(calls)]
+    results = [[None] * calls for _ in range(n_ranks)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for i, (xs, residual, weight) in enumerate(data):
+        for rank, (comm, stream) in enumerate(zip(comms, streams)):
+            with torch.cuda.stream(stream):
+                results[rank][i] = (comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path),
+                                    comm.allreduce(xs[rank], path=path))
+    torch.cuda.synchronize()
+    for i, (xs, residual, weight) in enumerate(data):
+        (out, ro), ar = results[0][i]
+        assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+        assert torch.equal(ar, allreduce_reference(xs)), f"call {i}: all-reduce wrong"
+        for rank in range(1, n_ranks):
+            assert torch.equal(results[rank][i][0][0], out) and torch.equal(results[rank][i][1], ar)
+
+
+def test_m_zero_and_errors(group):
+    comms, _ = group
+    x = torch.empty(0, 4096, device="cuda", dtype=torch.bfloat16)
+    out, ro = comms[0].allreduce_rmsnorm(x, x.clone(), torch.ones(4096, device="cuda", dtype=torch.bfloat16))
+    assert out.shape == (0, 4096)
+    big = torch.empty(MAX_BYTES // 2 + 8, device="cuda", dtype=torch.float32)
+    with pytest.raises(ValueError, match="max_bytes"):
+        comms[0].allreduce(big)
+    with pytest.raises(ValueError, match="path="):
+        comms[0].allreduce(torch.ones(64, device="cuda"), path="3stage")
+
+
+def test_create_close_50_times_without_growth():
+    from fused_ar.runtime import current_runtime
+
+    rt = current_runtime()
+    torch.cuda.synchronize()
+    comms = Communicator.local_group(2, 0, max_bytes=1 << 20)  # warm the runtime and allocator
+    for c in comms:
+        c.close()
+    free_before, _ = rt.mem_get_info(0)
+    for _ in range(50):
+        comms = Communicator.local_group(2, 0, max_bytes=8 << 20)
+        x = torch.randn(8, 1024, device="cuda")
+        run_ranks((comms, [torch.cuda.Stream() for _ in comms]), lambda r, c: c.allreduce(x))
+        for c in comms:
+            c.close()
+            c.close()  # idempotent
+    free_after, _ = rt.mem_get_info(0)
+    assert free_before - free_after < 16 << 20, f"device memory grew by {(free_before - free_after) >> 20} MiB"
+
+
+# -- N processes sharing the GPU through real IPC ------------------------------------------------------
+def _mp_worker(rank, world, init_file, result_dir):
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        with Communicator(device=0, max_bytes=8 << 20) as comm:
+            for m, n, dtype in [(1, 4096, torch.bfloat16), (17, 2880, torch.float16), (64, 8192, torch.float32)]:
+                xs, residual, weight = make_inputs(world, m, n, dtype, seed=m * 7 + n)
+                for path in ("1stage", "2stage", "auto"):
+                    out, ro = comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path)
+                    ar = comm.allreduce(xs[rank], path=path)
+                    torch.cuda.synchronize()
+                    assert comm.error_code() == 0, f"rank {rank} timed out ({comm.error_code():#x})"
+                    assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+                    assert torch.equal(ar, allreduce_reference(xs)), f"{path} all-reduce wrong on rank {rank}"
+        if world == 2:  # 50 create/close cycles with real IPC handles: no device memory or fd growth
+            from fused_ar.runtime import current_runtime
+
+            rt = current_runtime()
+            Communicator(device=0, max_bytes=1 << 20).close()
+            free0, fds0 = rt.mem_get_info(0)[0], len(os.listdir("/proc/self/fd"))
+            for _ in range(50):
+                Communicator(device=0, max_bytes=4 << 20).close()
+            free1, fds1 = rt.mem_get_info(0)[0], len(os.listdir("/proc/self/fd"))
+            assert free0 - free1 < 16 << 20 and fds1 <= fds0 + 2, (free0 - free1, fds0, fds1)
+        open(os.path.join(result_dir, f"ok-{rank}"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_processes_sharing_the_gpu(tmp_path, world):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_mp_worker, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
+    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(world)]
