@@ -6,6 +6,7 @@ disk are touched only on a process's first use of a spec.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 from .cache import default_cache
@@ -26,7 +27,13 @@ def arch_of(device: int) -> str:
 
 
 def spec_for(op: Op, dtype: DType, device: int, block: int, ngpus: int = 1, pack: int = DEFAULT_PACK) -> KernelSpec:
-    return KernelSpec(op, dtype, arch_of(device), pack, ngpus, block)
+    return _spec(op, dtype, arch_of(device), pack, ngpus, block)
+
+
+@lru_cache(maxsize=4096)
+def _spec(op: Op, dtype: DType, arch: str, pack: int, ngpus: int, block: int) -> KernelSpec:
+    """Specs are values: build (and validate) each once per process, not on every call."""
+    return KernelSpec(op, dtype, arch, pack, ngpus, block)
 
 
 def function(spec: KernelSpec, device: int) -> Any:

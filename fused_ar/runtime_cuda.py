@@ -7,7 +7,8 @@ context (the one torch uses), and launches go on the caller's stream.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from .compiler import CompiledKernel, checked
 from .errors import DeviceError
@@ -24,10 +25,24 @@ class CudaRuntime(Runtime):
         self._driver = driver
         checked(driver.cuInit(0), "cuInit", DeviceError)
         self._libraries: dict[bytes, Any] = {}  # code -> CUlibrary, kept alive for the process
+        self._contexts: dict[int, Any] = {}  # device -> retained primary context (the one torch uses)
+
+    @contextmanager
+    def _in(self, device: int) -> Iterator[None]:
+        """Makes `device`'s primary context current for driver calls, whatever torch has initialized."""
+        drv = self._driver
+        ctx = self._contexts.get(device)
+        if ctx is None:
+            dev = checked(drv.cuDeviceGet(device), "cuDeviceGet", DeviceError)
+            ctx = self._contexts[device] = checked(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain",
+                                                   DeviceError)
+        checked(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent", DeviceError)
+        try:
+            yield
+        finally:
+            checked(drv.cuCtxPopCurrent(), "cuCtxPopCurrent", DeviceError)
 
     def load(self, kernel: CompiledKernel, name: str, device: int) -> Any:
-        import torch
-
         drv = self._driver
         library = self._libraries.get(kernel.code)
         if library is None:
@@ -36,8 +51,7 @@ class CudaRuntime(Runtime):
             self._libraries[kernel.code] = library
         handle = checked(drv.cuLibraryGetKernel(library, kernel.symbol(name).encode()), "cuLibraryGetKernel",
                          DeviceError)
-        with torch.cuda.device(device):
-            torch.cuda.init()
+        with self._in(device):
             return checked(drv.cuKernelGetFunction(handle), f"cuKernelGetFunction({name})", DeviceError)
 
     def launch(self, function: Any, grid: int, block: int, args: Sequence[ctypes._SimpleCData], stream: int,
@@ -47,17 +61,10 @@ class CudaRuntime(Runtime):
                                             self._driver.CUstream(stream), ctypes.addressof(pointers), 0),
                 "cuLaunchKernel", DeviceError)
 
-    def _in(self, device: int):
-        import torch
-
-        return torch.cuda.device(device)
 
     def alloc(self, nbytes: int, device: int, uncached: bool = False) -> int:
         drv = self._driver
         with self._in(device):
-            import torch
-
-            torch.cuda.init()
             ptr = int(checked(drv.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})", DeviceError))
             checked(drv.cuMemsetD8(drv.CUdeviceptr(ptr), 0, nbytes), "cuMemsetD8", DeviceError)
             checked(drv.cuCtxSynchronize(), "cuCtxSynchronize", DeviceError)
