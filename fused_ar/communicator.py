@@ -141,8 +141,16 @@ class Communicator:
         return f"Communicator(rank {self.rank}/{self.world_size}, cuda:{self.device}, {state})"
 
     def error_code(self) -> int:
-        """The device error word: 0, or a kernel timed out waiting for a peer (see fa_peers.h)."""
+        """The device error word: 0, or the first barrier wait that timed out (see describe_error)."""
         return self._runtime.read_u32(self._mem.error_word, self.device)
+
+    @staticmethod
+    def describe_error(code: int) -> str:
+        """Decodes fa_peers.h's error word: which block waited for which rank at which barrier."""
+        if not code:
+            return "no error"
+        phase = ("start", "mid", "end")[(code >> 8) & 0xF] if (code >> 8) & 0xF < 3 else "?"
+        return f"block {(code >> 12) & 0xFFF} timed out at the {phase} barrier waiting for rank {code & 0xFF}"
 
     # -- ops ----------------------------------------------------------------------------------------------
     def allreduce_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, path: str = "auto",
@@ -228,7 +236,10 @@ class Communicator:
 
             per_sm = self._runtime.max_active_blocks(function(spec, self.device), spec.block)
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-            cap = max(1, min(MAX_BLOCKS, per_sm * sms // self._ranks_per_device))
+            # Ranks sharing a GPU in one process run concurrently: together they use at most half of it,
+            # so kernels of other streams can never take the slots a spinning block's peer needs.
+            share = 2 * self._ranks_per_device if self._ranks_per_device > 1 else 1
+            cap = max(1, min(MAX_BLOCKS, per_sm * sms // share))
             self._grid_caps[spec] = cap
         return cap
 

@@ -13,10 +13,11 @@
 struct fa_signal_t {
   fa_u32 flags[FA_PHASES][FA_MAX_BLOCKS][FA_MAX_RANKS];  // [phase][block][rank that arrived]
   fa_u32 epoch[FA_MAX_BLOCKS];  // calls this rank has completed per block index; only this rank writes it
-  fa_u32 error;                 // 0, or FA_ERROR_TIMEOUT | phase << 8 | peer: a spin gave up
+  fa_u32 error;                 // 0, or the first spin that gave up: see FA_ERROR_*
 };
 
-#define FA_ERROR_TIMEOUT 0x10000u
+// error = FA_ERROR_TIMEOUT | block << 12 | phase << 8 | peer (fused_ar/communicator.py decodes it)
+#define FA_ERROR_TIMEOUT 0x1000000u
 
 // Device-side table of this rank's view of the group (addresses valid in this process).
 struct fa_peers_t {
@@ -56,7 +57,9 @@ FA_INLINE void fa_barrier(const fa_barrier_t& b, int phase) {
     // Acquire rank t's writes made before it reached `phase`; bounded, never a hang.
     while (fa_load_acquire_sys(arrived) != b.flag) {
       if (fa_timer_ns() > b.deadline_ns) {
-        fa_store_relaxed_sys(&b.signal[b.rank]->error, FA_ERROR_TIMEOUT | ((fa_u32)phase << 8) | (fa_u32)t);
+        // The first timeout is the cause; later ones (past the same deadline) would hide it.
+        fa_cas_sys(&b.signal[b.rank]->error, 0u,
+                   FA_ERROR_TIMEOUT | ((fa_u32)block << 12) | ((fa_u32)phase << 8) | (fa_u32)t);
         break;
       }
     }

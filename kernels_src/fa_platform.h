@@ -72,8 +72,11 @@ FA_INLINE void fa_store_release_sys(fa_u32* p, fa_u32 v) {
 FA_INLINE fa_u32 fa_load_acquire_sys(const fa_u32* p) {
   return __scoped_atomic_load_n(p, __ATOMIC_ACQUIRE, __MEMORY_SCOPE_SYSTEM);
 }
-FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
-  __scoped_atomic_store_n(p, v, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+// Returns the old value; only stores `desired` if the word held `expected`.
+FA_INLINE fa_u32 fa_cas_sys(fa_u32* p, fa_u32 expected, fa_u32 desired) {
+  __scoped_atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
+                                     __MEMORY_SCOPE_SYSTEM);
+  return expected;
 }
 // s_memrealtime is a constant 100 MHz clock on CDNA: 10 ns per tick.
 FA_INLINE fa_u64 fa_timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
@@ -130,8 +133,8 @@ FA_INLINE fa_u32 fa_load_acquire_sys(const fa_u32* p) {
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
-  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+FA_INLINE fa_u32 fa_cas_sys(fa_u32* p, fa_u32 expected, fa_u32 desired) {
+  return atomicCAS_system(p, expected, desired);
 }
 FA_INLINE fa_u64 fa_timer_ns() {
   fa_u64 t;

@@ -2,7 +2,7 @@
 # One device call for the communicator: demo, GPU tests (communicator first), the warm timing; under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FUSED_AR_TIMEOUT_S=${FUSED_AR_TIMEOUT_S:-10}
 OUT=${OUT:-/tmp/fused_ar_out}; mkdir -p "$OUT"
 timeout 120 python3 -m fused_ar demo 2>&1 | tee "$OUT/demo.txt"
 rm -rf /tmp/warmcache

@@ -40,7 +40,8 @@ def run_ranks(group, fn):
             results.append(fn(rank, comm))
     torch.cuda.synchronize()
     for comm in comms:
-        assert comm.error_code() == 0, f"rank {comm.rank} timed out: {comm.error_code():#x}"
+        code = comm.error_code()
+        assert code == 0, f"rank {comm.rank}: {Communicator.describe_error(code)}"
     return results
 
 
