@@ -97,7 +97,9 @@ class Communicator:
     def local_group(cls, world_size: int, device: Optional[int] = None,
                     max_bytes: int = DEFAULT_MAX_BYTES) -> list["Communicator"]:
         """N ranks in this process on one GPU, each with its own memory; the caller gives each rank its own
-        stream (kernels of all ranks must be in flight together). For tests, demos and benchmarks."""
+        stream (kernels of all ranks must be in flight together). For tests, demos and benchmarks. Set
+        CUDA_DEVICE_MAX_CONNECTIONS to at least N + 1 (32 is the most) before CUDA starts, so no two rank
+        streams share a hardware queue (the default 8 can serialize one rank behind another's spin)."""
         import torch
 
         device = torch.cuda.current_device() if device is None else int(device)

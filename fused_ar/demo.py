@@ -131,6 +131,8 @@ def _worker(rank: int, world: int, init_file: str, ms: list[int], n: int, out_fi
 def run_demo(args: argparse.Namespace) -> int:
     import json
 
+    # Emulated ranks need a hardware queue each (see Communicator.local_group); set before CUDA starts.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     import torch
 
     if not torch.cuda.is_available():

@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+# N emulated ranks on one GPU run on N streams that must all make progress at once; CUDA maps streams onto
+# CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default), and two ranks sharing one would wait on each
+# other. Read when the CUDA context is created, so set before any test touches the GPU.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
 
 def _gpu_available() -> bool:
     try:
