@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Mapping
 
-from .spec import BLOCK_SIZES, DEFAULT_PACK, DType, KernelSpec, Op
+from .spec import BLOCK_SIZES, DEFAULT_PACK, SUPPORTED_NGPUS, DType, KernelSpec, Op
 
 
 class Arg(Enum):
@@ -98,14 +98,15 @@ def add_rmsnorm_block(packs_per_row: int) -> int:
 
 
 # Layout of the signal buffer shared with kernels_src/fa_peers.h (rendered in as FA_MAX_BLOCKS and
-# FA_MAX_RANKS): the most blocks a cross-GPU launch may have, and the largest group.
+# FA_MAX_RANKS): the most blocks a cross-GPU launch may have, and the largest group. SIGNAL_BYTES is
+# sizeof(fa_signal_t): flags[3][MAX_BLOCKS][MAX_RANKS], epoch[MAX_BLOCKS], error, all 32-bit.
 MAX_BLOCKS = 128
-MAX_RANKS = 8
+MAX_RANKS = max(SUPPORTED_NGPUS)
 SIGNAL_BYTES = 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS + 1)
 PEER_TABLE_BYTES = 3 * MAX_RANKS * 8
 # Stage 1 of the two-stage kernels: 256 threads give small-m shapes more blocks (shared/seed).
 TWO_STAGE_BLOCK = 256
-CROSS_GPU_NGPUS = (2, 4, 6, 8)
+CROSS_GPU_NGPUS = tuple(n for n in SUPPORTED_NGPUS if n > 1)
 
 
 def cross_gpu_reg_packs(spec: KernelSpec) -> int:

@@ -1,6 +1,6 @@
 // fa_peers.h: what one rank sees of its group: the peer pointer table, the signal buffer layout, the
 // block barrier, and the fp32 rank-order sum of one pack over every rank's input.
-// FA_NGPUS, FA_MAX_BLOCKS and FA_MAX_RANKS come from rendering (fused_ar/ipc.py defines the latter two).
+// FA_NGPUS, FA_MAX_BLOCKS and FA_MAX_RANKS come from rendering (fused_ar/kernels.py defines the latter two).
 #pragma once
 #include "fa_types.h"
 
