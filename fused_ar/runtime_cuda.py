@@ -16,6 +16,9 @@ from .runtime import Runtime
 from .spec import Platform
 
 
+IPC_HANDLE_BYTES = 64  # CU_IPC_HANDLE_SIZE
+
+
 class CudaRuntime(Runtime):
     platform = Platform.CUDA
 
@@ -93,12 +96,15 @@ class CudaRuntime(Runtime):
     def ipc_handle(self, ptr: int) -> bytes:
         handle = checked(self._driver.cuIpcGetMemHandle(self._driver.CUdeviceptr(ptr)), "cuIpcGetMemHandle",
                          DeviceError)
-        return bytes(handle.reserved)
+        # the struct's 64 bytes through its address: field accessors differ between cuda-bindings releases
+        return ctypes.string_at(handle.getPtr(), IPC_HANDLE_BYTES)
 
     def ipc_open(self, handle: bytes, device: int) -> int:
         drv = self._driver
+        if len(handle) != IPC_HANDLE_BYTES:
+            raise DeviceError(f"IPC handle of {len(handle)} bytes, expected {IPC_HANDLE_BYTES}")
         h = drv.CUipcMemHandle()
-        h.reserved = handle
+        ctypes.memmove(h.getPtr(), handle, IPC_HANDLE_BYTES)
         with self._in(device):
             flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
             return int(checked(drv.cuIpcOpenMemHandle(h, flags), "cuIpcOpenMemHandle", DeviceError))

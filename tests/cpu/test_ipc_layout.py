@@ -1,0 +1,34 @@
+"""The peer table and signal layout the kernels read, and the IPC handle round trip through the bindings'
+struct (no GPU needed to build and read the struct)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from fused_ar.ipc import PeerView
+from fused_ar.kernels import MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
+
+
+def test_peer_table_is_fa_peers_t():
+    view = PeerView([0x1000, 0x2000], [0x3000, 0x4000], [0x5000, 0x6000])
+    raw = view.table_bytes()
+    assert len(raw) == PEER_TABLE_BYTES == 3 * MAX_RANKS * 8
+    fields = struct.unpack(f"<{3 * MAX_RANKS}Q", raw)
+    assert fields[0:2] == (0x1000, 0x2000) and fields[MAX_RANKS:MAX_RANKS + 2] == (0x3000, 0x4000)
+    assert fields[2 * MAX_RANKS:2 * MAX_RANKS + 2] == (0x5000, 0x6000) and fields[2] == 0
+
+
+def test_signal_bytes_match_the_struct():
+    assert SIGNAL_BYTES == 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS + 1)
+
+
+def test_cuda_ipc_handle_bytes_round_trip():
+    from cuda.bindings import driver
+
+    from fused_ar.runtime_cuda import IPC_HANDLE_BYTES
+
+    handle = driver.CUipcMemHandle()
+    payload = bytes(range(IPC_HANDLE_BYTES))
+    ctypes.memmove(handle.getPtr(), payload, IPC_HANDLE_BYTES)
+    assert ctypes.string_at(handle.getPtr(), IPC_HANDLE_BYTES) == payload
