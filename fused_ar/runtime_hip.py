@@ -16,6 +16,9 @@ from .runtime import Runtime
 from .spec import Platform
 
 
+IPC_HANDLE_BYTES = 64  # HIP_IPC_HANDLE_SIZE
+
+
 class HipRuntime(Runtime):
     platform = Platform.HIP
 
@@ -86,10 +89,13 @@ class HipRuntime(Runtime):
 
     def ipc_handle(self, ptr: int) -> bytes:
         handle = checked(self._hip.hipIpcGetMemHandle(ptr), "hipIpcGetMemHandle", DeviceError)
-        return ctypes.string_at(int(handle.ptr), 64)  # the 64 bytes, not `.reserved`
+        return ctypes.string_at(handle.as_c_void_p(), IPC_HANDLE_BYTES)  # the 64 bytes, not `.reserved`
 
     def ipc_open(self, handle: bytes, device: int) -> int:
-        h = self._hip.hipIpcMemHandle_t.fromObj(bytearray(handle))
+        if len(handle) != IPC_HANDLE_BYTES:
+            raise DeviceError(f"IPC handle of {len(handle)} bytes, expected {IPC_HANDLE_BYTES}")
+        h = self._hip.hipIpcMemHandle_t()
+        ctypes.memmove(h.as_c_void_p(), handle, IPC_HANDLE_BYTES)
         with self._in(device):
             return int(checked(self._hip.hipIpcOpenMemHandle(h, self._IPC_LAZY_ENABLE_PEER_ACCESS),
                                "hipIpcOpenMemHandle", DeviceError))

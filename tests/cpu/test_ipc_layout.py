@@ -32,3 +32,14 @@ def test_cuda_ipc_handle_bytes_round_trip():
     payload = bytes(range(IPC_HANDLE_BYTES))
     ctypes.memmove(handle.getPtr(), payload, IPC_HANDLE_BYTES)
     assert ctypes.string_at(handle.getPtr(), IPC_HANDLE_BYTES) == payload
+
+
+def test_hip_ipc_handle_bytes_round_trip():
+    from hip import hip
+
+    from fused_ar.runtime_hip import IPC_HANDLE_BYTES
+
+    handle = hip.hipIpcMemHandle_t()
+    payload = bytes(range(100, 100 + IPC_HANDLE_BYTES))
+    ctypes.memmove(handle.as_c_void_p(), payload, IPC_HANDLE_BYTES)
+    assert ctypes.string_at(handle.as_c_void_p(), IPC_HANDLE_BYTES) == payload
