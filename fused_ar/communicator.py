@@ -193,13 +193,14 @@ class Communicator:
         self._check_open()
         if isinstance(x, torch.Tensor) and not x.is_contiguous():
             raise InputError(f"x with shape {tuple(x.shape)} and strides {x.stride()} is not contiguous")
-        flat = check_rows("x", x.reshape(-1) if isinstance(x, torch.Tensor) else x)
+        if not (isinstance(x, torch.Tensor) and x.numel() == 0):  # an empty x is valid and moves nothing
+            check_rows("x", x.reshape(-1) if isinstance(x, torch.Tensor) else x)
         check_outputs({"x": x}, {"out": out}, x)
         self._check_device(x=x, **({"out": out} if out is not None else {}))
         nbytes = self._check_size(x)
         two_stage = use_two_stage(path, self._runtime.platform, self.world_size, nbytes)
         out = torch.empty_like(x) if out is None else out
-        if flat.cols == 0 or x.numel() == 0:
+        if x.numel() == 0:
             return out
         packs = nbytes // DEFAULT_PACK
         op = ALLREDUCE_2STAGE.op if two_stage else ALLREDUCE_1STAGE.op
