@@ -62,7 +62,7 @@ def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
     return statistics.median(times)
 
 
-def _compile_cost(torch: Any, dtype: Any) -> dict[str, float]:
+def _compile_cost(dtype: Any) -> dict[str, float]:
     """Seconds from nothing to a launchable function: cold (empty cache dir) and from the disk cache."""
     from .cache import KernelCache, default_cache
     from .kernels import add_rmsnorm_block
@@ -126,7 +126,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype.torch_name)
     eps = 1e-6
     copy_bw = _copy_bandwidth(torch)
-    cost = _compile_cost(torch, dtype)
+    cost = _compile_cost(dtype)
 
     def unfused(x, r, w):
         ro = x + r
