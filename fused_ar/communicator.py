@@ -99,7 +99,10 @@ class Communicator:
         """N ranks in this process on one GPU, each with its own memory; the caller gives each rank its own
         stream (kernels of all ranks must be in flight together). For tests, demos and benchmarks. Set
         CUDA_DEVICE_MAX_CONNECTIONS to at least N + 1 (32 is the most) before CUDA starts, so no two rank
-        streams share a hardware queue (the default 8 can serialize one rank behind another's spin)."""
+        streams share a hardware queue (the default 8 can serialize one rank behind another's spin), and
+        create every output (out=, residual_out=) before the first rank's call: one thread launches all
+        ranks, so a host call that waits on the GPU between two ranks' launches (a fresh device allocation
+        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S."""
         import torch
 
         device = torch.cuda.current_device() if device is None else int(device)

@@ -69,8 +69,11 @@ class Runtime(ABC):
         """Device-to-device copy enqueued on `stream`."""
 
     @abstractmethod
+    def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:
+        """Device memory, read synchronously (error words, signal buffers)."""
+
     def read_u32(self, ptr: int, device: int) -> int:
-        """One 32-bit word of device memory, read synchronously (error words)."""
+        return int.from_bytes(self.read_bytes(ptr, 4, device), "little")
 
     @abstractmethod
     def ipc_handle(self, ptr: int) -> bytes:

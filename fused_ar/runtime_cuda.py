@@ -87,11 +87,12 @@ class CudaRuntime(Runtime):
         checked(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(dst), drv.CUdeviceptr(src), nbytes, drv.CUstream(stream)),
                 "cuMemcpyDtoDAsync", DeviceError)
 
-    def read_u32(self, ptr: int, device: int) -> int:
-        buf = bytearray(4)
+    def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:
+        buf = bytearray(nbytes)
         with self._in(device):
-            checked(self._driver.cuMemcpyDtoH(buf, self._driver.CUdeviceptr(ptr), 4), "cuMemcpyDtoH", DeviceError)
-        return int.from_bytes(buf, "little")
+            checked(self._driver.cuMemcpyDtoH(buf, self._driver.CUdeviceptr(ptr), nbytes), "cuMemcpyDtoH",
+                    DeviceError)
+        return bytes(buf)
 
     def ipc_handle(self, ptr: int) -> bytes:
         handle = checked(self._driver.cuIpcGetMemHandle(self._driver.CUdeviceptr(ptr)), "cuIpcGetMemHandle",

@@ -81,11 +81,11 @@ class HipRuntime(Runtime):
                                          self._hip.hipStream_t(stream) if stream else None),
                 "hipMemcpyAsync", DeviceError)
 
-    def read_u32(self, ptr: int, device: int) -> int:
-        buf = bytearray(4)
+    def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:
+        buf = bytearray(nbytes)
         with self._in(device):
-            checked(self._hip.hipMemcpyDtoH(buf, ptr, 4), "hipMemcpyDtoH", DeviceError)
-        return int.from_bytes(buf, "little")
+            checked(self._hip.hipMemcpyDtoH(buf, ptr, nbytes), "hipMemcpyDtoH", DeviceError)
+        return bytes(buf)
 
     def ipc_handle(self, ptr: int) -> bytes:
         handle = checked(self._hip.hipIpcGetMemHandle(ptr), "hipIpcGetMemHandle", DeviceError)
