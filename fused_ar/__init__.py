@@ -27,6 +27,10 @@ _LAZY = {
     "CacheTrustError": "errors",
     "ConfigError": "errors",
     "DeviceError": "errors",
+    "UnsupportedShapeError": "errors",
+    "PeerTimeoutError": "errors",
+    "MismatchError": "errors",
+    "register_torch_ops": "torch_ops",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,27 +1,38 @@
 """`Communicator`: one tensor-parallel group's fused AllReduce + residual add + RMSNorm, and AllReduce.
 
-Owns this rank's IPC memory (fused_ar.ipc), its view of the peers, and the per-call choices (path, grid).
-Group I/O happens in two named steps, `_allocate` and `_connect`; `local_group` builds N ranks in one
-process on one GPU with the same memory, kernels and launches (only the handle exchange differs).
+Owns this rank's IPC memory (fused_ar.ipc), its view of the peers, its graph tables (fused_ar.graphs)
+and the per-call choices (path, grid, fallback). Group I/O happens in named steps, `_allocate` and
+`_connect`; `local_group` builds N ranks in one process on one GPU with the same memory, kernels and
+launches (only the handle exchange differs). Every call first reads this rank's host-visible error
+report (no device synchronization): a timeout or mismatch recorded by an earlier kernel raises there.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 import os
 import socket
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
-from . import env
-from .errors import FusedArError, InputError
+from . import env, torch_ops
+from .errors import FusedArError, InputError, UnsupportedShapeError
+from .graphs import GraphBuffers, LocalHub
 from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
-                      CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, add_rmsnorm_block)
+                      CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block)
 from .launch import function, launch, spec_for
-from .policy import use_two_stage
+from .policy import Path, choose_path
+from .ops import add_rmsnorm_into
+from .report import pending_exception, read_error_word
 from .runtime import current_runtime
 from .spec import DEFAULT_PACK, DType, KernelSpec
-from .validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows
+from .validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows, first_kernel_limit
+
+log = logging.getLogger("fused_ar")
+_ids = itertools.count(1)
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 PLAIN_BLOCK = 256
@@ -31,67 +42,122 @@ class Communicator:
     """One per tensor-parallel group per process. All ranks of `group` must construct it together.
 
     group: a torch.distributed process group (default: the world); handles travel over it (gloo or any
-    backend that can all_gather Python objects). device: this rank's GPU (default: the current one).
-    max_bytes: the largest input per call, in bytes per rank.
+    backend that can all_gather Python objects). device_group: the group the fallback all-reduces over
+    (NCCL on CUDA, RCCL on ROCm; default: `group`). device: this rank's GPU (default: the current one).
+    max_bytes: the largest input per call, in bytes per rank, that takes the IPC kernels.
+
+    The IPC kernels serve one node with working peer access (probed for real once, fused_ar.probe); a
+    group they cannot serve is served by the fallback for every call, with one log line saying why.
     """
 
-    def __init__(self, group: Any = None, device: Optional[int] = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, group: Any = None, device: Optional[int] = None, max_bytes: int = DEFAULT_MAX_BYTES, *,
+                 device_group: Any = None) -> None:
         import torch
         import torch.distributed as dist
 
         group = group if group is not None else dist.group.WORLD
         self._init_fields(dist.get_rank(group), dist.get_world_size(group),
                           torch.cuda.current_device() if device is None else int(device), max_bytes)
-        self._allocate()
+        self._group = group
+        self._device_group = device_group if device_group is not None else group
         try:
-            self._connect(group)
+            everyone = self._gather_info(group)
+            self._fallback_reason = self._group_reason(everyone)
+            if self._fallback_reason is None:
+                self._fallback_reason = self._probe(group, everyone)
+            if self._fallback_reason is None:
+                self._allocate()
+                self._connect(group, everyone)
         except BaseException:
             self.close()
             raise
 
     # -- construction steps ---------------------------------------------------------------------------
     def _init_fields(self, rank: int, world: int, device: int, max_bytes: int) -> None:
-        if world not in CROSS_GPU_NGPUS:
-            raise InputError(f"group of {world} ranks: the cross-GPU kernels take {CROSS_GPU_NGPUS} ranks")
         if not isinstance(max_bytes, int) or max_bytes <= 0:
             raise InputError(f"max_bytes={max_bytes!r} must be a positive int")
         self.rank, self.world_size, self.device = rank, world, device
         self.max_bytes = max_bytes
+        self.handle = next(_ids)  # names this communicator in torch.ops.fused_ar calls (fused_ar.torch_ops)
+        torch_ops.register(self)
         self._runtime = current_runtime()
         self._mem: Optional[RankMemory] = None
         self._view: Optional[PeerView] = None
+        self._graphs: Optional[GraphBuffers] = None
+        self._hub: Optional[LocalHub] = None
+        self._group: Any = None
+        self._device_group: Any = None
+        self._fallback_reason: Optional[str] = None
+        self._logged: set[str] = set()
+        self._failure: Optional[FusedArError] = None
         self._ranks_per_device = 1
         self._grid_caps: dict[KernelSpec, int] = {}
-        self._timeout_ns = int(env.TIMEOUT_S.get() * 1e9)
+        self._timeout_s = env.TIMEOUT_S.get()
+        self._timeout_ns = int(self._timeout_s * 1e9)
         self.closed = False
 
-    def _allocate(self) -> None:
-        self._mem = RankMemory.allocate(self._runtime, self.device, self.max_bytes)
-
-    def _connect(self, group: Any) -> None:
-        """Exchanges (handles, max_bytes, host, device) over `group` and opens the peers' memory."""
+    def _gather_info(self, group: Any) -> list[dict[str, Any]]:
         import torch
         import torch.distributed as dist
 
-        me = {"handles": export_handles(self._runtime, self._mem), "max_bytes": self._mem.max_bytes,
-              "host": socket.gethostname(), "device": str(torch.cuda.get_device_properties(self.device).uuid),
-              "pid": os.getpid()}
+        me = {"max_bytes": self.max_bytes, "host": socket.gethostname(), "pid": os.getpid(),
+              "device": str(torch.cuda.get_device_properties(self.device).uuid)}
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, me, group=group)
         for peer, info in enumerate(everyone):
             if info["max_bytes"] != me["max_bytes"]:
                 raise InputError(f"rank {peer} has max_bytes={info['max_bytes']}, rank {self.rank} "
                                  f"{me['max_bytes']}: all ranks must pass the same max_bytes")
-            if info["host"] != me["host"]:
-                raise FusedArError(f"rank {peer} is on host {info['host']!r}, rank {self.rank} on {me['host']!r}: "
-                                   "the IPC kernels serve one node")
         self._ranks_per_device = sum(1 for info in everyone if info["device"] == me["device"])
-        self._set_view(import_peers(self._runtime, self.rank, self._mem, [i["handles"] for i in everyone],
-                                    self._mem.max_bytes))
+        return everyone
+
+    def _group_reason(self, everyone: list[dict[str, Any]]) -> Optional[str]:
+        """Why the IPC kernels cannot serve this group (the same verdict on every rank), or None."""
+        hosts = sorted({info["host"] for info in everyone})
+        if len(hosts) > 1:
+            return f"the group spans {len(hosts)} nodes ({', '.join(hosts)}); the IPC kernels serve one node"
+        if self.world_size not in CROSS_GPU_NGPUS:
+            return f"a group of {self.world_size} ranks; the IPC kernels take {list(CROSS_GPU_NGPUS)}"
+        return None
+
+    def _probe(self, group: Any, everyone: list[dict[str, Any]]) -> Optional[str]:
+        """Each rank probes the group's GPUs it can see (once per node: the verdict is cached on disk);
+        any failure sends the whole group to the fallback."""
+        import torch
+        import torch.distributed as dist
+
+        from .probe import peer_access
+
+        if not env.PEER_PROBE.get():
+            verdict: tuple[bool, str] = (True, "not probed (FUSED_AR_PEER_PROBE=0)")
+        else:
+            uuids = {info["device"] for info in everyone}
+            visible = [d for d in range(torch.cuda.device_count())
+                       if str(torch.cuda.get_device_properties(d).uuid) in uuids]
+            verdict = peer_access(visible)
+        verdicts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(verdicts, verdict, group=group)
+        for peer, (ok, detail) in enumerate(verdicts):
+            if not ok:
+                return f"peer access does not work on rank {peer}'s GPUs: {detail}"
+        return None
+
+    def _allocate(self) -> None:
+        self._mem = RankMemory.allocate(self._runtime, self.device, self.max_bytes)
+        self._graphs = GraphBuffers(self._runtime, self._mem, local=self._group is None)
+
+    def _connect(self, group: Any, everyone: list[dict[str, Any]]) -> None:
+        """Exchanges the IPC handles over `group` and opens the peers' memory."""
+        import torch.distributed as dist
+
+        handles: list[Any] = [None] * self.world_size
+        dist.all_gather_object(handles, export_handles(self._runtime, self._mem), group=group)
+        self._set_view(import_peers(self._runtime, self.rank, self._mem, handles, self._mem.max_bytes))
 
     def _set_view(self, view: PeerView) -> None:
         self._view = view
-        self._runtime.copy_to_device(self._mem.table, view.table_bytes(), self.device)
+        self._runtime.copy_to_device(self._mem.table, view.table_bytes(self._mem.report_dev), self.device)
+        self._graphs.prefill(view)
 
     @classmethod
     def local_group(cls, world_size: int, device: Optional[int] = None,
@@ -102,22 +168,28 @@ class Communicator:
         streams share a hardware queue (the default 8 can serialize one rank behind another's spin), and
         create every output (out=, residual_out=) before the first rank's call: one thread launches all
         ranks, so a host call that waits on the GPU between two ranks' launches (a fresh device allocation
-        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S."""
+        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S. A local group has no device
+        group: calls the IPC kernels cannot serve raise InputError instead of taking the fallback."""
         import torch
 
+        if world_size not in CROSS_GPU_NGPUS:
+            raise InputError(f"local_group({world_size}): the cross-GPU kernels take {list(CROSS_GPU_NGPUS)} ranks")
         device = torch.cuda.current_device() if device is None else int(device)
+        hub = LocalHub(world_size)
         comms: list[Communicator] = []
         try:
             for rank in range(world_size):
                 comm = cls.__new__(cls)
                 comm._init_fields(rank, world_size, device, max_bytes)
+                comm._ranks_per_device = world_size
+                comm._hub = hub
                 comms.append(comm)
                 comm._allocate()
             mems = [c._mem for c in comms]
             for comm in comms:
-                comm._ranks_per_device = world_size
                 comm._set_view(PeerView([m.staging for m in mems], [m.tmp for m in mems],
                                         [m.signal for m in mems]))
+                hub.join(comm.rank, comm._apply_graph_records)
         except BaseException:
             for comm in comms:
                 comm.close()
@@ -130,6 +202,9 @@ class Communicator:
         if getattr(self, "closed", True):
             return
         self.closed = True
+        torch_ops.unregister(self)
+        if self._graphs is not None:
+            self._graphs.close()
         if self._view is not None:
             close_peers(self._runtime, self._view, self.device)
         if self._mem is not None:
@@ -142,20 +217,82 @@ class Communicator:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"max_bytes={self.max_bytes}"
+        if self.closed:
+            state = "closed"
+        elif self._failure is not None:
+            state = "failed"
+        elif self._fallback_reason is not None:
+            state = "fallback only"
+        else:
+            state = f"max_bytes={self.max_bytes}"
         return f"Communicator(rank {self.rank}/{self.world_size}, cuda:{self.device}, {state})"
 
-    def error_code(self) -> int:
-        """The device error word: 0, or the first barrier wait that timed out (see describe_error)."""
-        return self._runtime.read_u32(self._mem.error_word, self.device)
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        """Why every call of this communicator takes the fallback (the group), or None."""
+        return self._fallback_reason
 
-    @staticmethod
-    def describe_error(code: int) -> str:
-        """Decodes fa_peers.h's error word: which block waited for which rank at which barrier."""
-        if not code:
-            return "no error"
-        phase = ("start", "mid", "end")[(code >> 8) & 0xF] if (code >> 8) & 0xF < 3 else "?"
-        return f"block {(code >> 12) & 0xFFF} timed out at the {phase} barrier waiting for rank {code & 0xFF}"
+    def error_code(self) -> int:
+        """This rank's recorded error word (0: none); read from host memory, no device synchronization."""
+        return read_error_word(self._mem.report_host) if self._mem is not None else 0
+
+    def check(self) -> None:
+        """Raises what this rank's kernels recorded so far (PeerTimeoutError, MismatchError), or that the
+        communicator failed earlier or is closed. Calls check on their own; after a synchronize, this
+        reports the last call's outcome without waiting for the next one."""
+        if self.closed:
+            raise FusedArError(f"{self!r} is closed")
+        if self._failure is not None:
+            raise FusedArError(f"{self!r} failed earlier and refuses further calls; create a new one. The "
+                               f"failure: {self._failure}") from self._failure
+        if self._mem is not None:
+            failure = pending_exception(self._mem.report_host, self.rank, self._timeout_s)
+            if failure is not None:
+                self._failure = failure
+                raise failure
+
+    # -- graph capture --------------------------------------------------------------------------------
+    @contextmanager
+    def capture(self) -> Iterator["Communicator"]:
+        """`with comm.capture(): <capture graphs>`: registers the captured calls' inputs with every peer on
+        exit (collective: every rank of the group leaves it together). Without it, the first eager call
+        after a capture registers them; a graph replayed before registration records an error instead of
+        reading unregistered memory."""
+        yield self
+        self.register_graph_buffers()
+
+    def register_graph_buffers(self) -> None:
+        """Exchanges the captured calls' input addresses and writes their peer tables. Collective over the
+        group (a local group: once every rank has called it, the last call writes all ranks' tables)."""
+        self.check()
+        if self._graphs is None:
+            return
+        records = list(self._graphs.pending)
+        if self._hub is not None:
+            self._hub.submit(self.rank, records)
+            return
+        import torch.distributed as dist
+
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, records, group=self._group)
+        self._apply_graph_records(everyone)
+
+    def _apply_graph_records(self, everyone: list[list[Any]]) -> None:
+        self._graphs.apply(self.rank, self._view, everyone)
+
+    def _peer_table(self, x: Any, nbytes: int, stream: int) -> int:
+        """The peer table of this call: a graph table naming x itself while capturing, else the eager one
+        with x copied into the staging buffer (also while capturing when peers cannot map x)."""
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            table = self._graphs.record(x.data_ptr())
+            if table is not None:
+                return table
+        elif self._graphs.pending:
+            self.register_graph_buffers()
+        self._runtime.copy_async(self._mem.staging, x.data_ptr(), nbytes, stream)
+        return self._mem.table
 
     # -- ops ----------------------------------------------------------------------------------------------
     def allreduce_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, path: str = "auto",
@@ -165,27 +302,30 @@ class Communicator:
         with the same shape and path. Runs on torch's current stream."""
         import torch
 
-        self._check_open()
-        shape, eps = check_rmsnorm_inputs(x, residual, weight, eps)
-        check_outputs({"x": x, "residual": residual, "weight": weight}, {"out": out, "residual_out": residual_out}, x)
+        self.check()
+        shape, eps = check_rmsnorm_inputs(x, residual, weight, eps, kernel=False)
+        inputs = {"x": x, "residual": residual, "weight": weight}
+        check_outputs(inputs, {"out": out, "residual_out": residual_out}, x, kernel=False)
         outputs = {k: v for k, v in (("out", out), ("residual_out", residual_out)) if v is not None}
-        self._check_device(x=x, residual=residual, weight=weight, **outputs)
-        nbytes = self._check_size(x)
-        two_stage = use_two_stage(path, self._runtime.platform, self.world_size, nbytes)
+        self._check_device(**inputs, **outputs)
+        unsupported = first_kernel_limit({**inputs, **outputs})
+        chosen = self._choose(path, x, unsupported)
         out = torch.empty_like(x) if out is None else out
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
-        if shape.rows == 0:
+        if x.numel() == 0:
             return out, residual_out
+        if chosen is Path.FALLBACK:
+            return self._fallback_rmsnorm(x, residual, weight, eps, out, residual_out, unsupported is not None)
         packs = shape.cols * shape.dtype.itemsize // DEFAULT_PACK
-        if two_stage:
+        if chosen is Path.TWO_STAGE:
             spec = spec_for(ALLREDUCE_RMSNORM_2STAGE.op, shape.dtype, self.device, TWO_STAGE_BLOCK, self.world_size)
         else:
-            spec = spec_for(ALLREDUCE_RMSNORM_1STAGE.op, shape.dtype, self.device, add_rmsnorm_block(packs),
+            spec = spec_for(ALLREDUCE_RMSNORM_1STAGE.op, shape.dtype, self.device, allreduce_rmsnorm_block(packs),
                             self.world_size)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self._runtime.copy_async(self._mem.staging, x.data_ptr(), nbytes, stream)
+        table = self._peer_table(x, x.numel() * x.element_size(), stream)
         launch(spec, self.device, min(shape.rows, self._grid_cap(spec)),
-               (self._mem.table, self.rank, out.data_ptr(), residual_out.data_ptr(), residual.data_ptr(),
+               (table, self.rank, out.data_ptr(), residual_out.data_ptr(), residual.data_ptr(),
                 weight.data_ptr(), shape.rows, shape.cols, eps, self._timeout_ns), stream)
         return out, residual_out
 
@@ -193,45 +333,83 @@ class Communicator:
         """T(sum over the group of x, fp32, rank order), any shape with a multiple of 16 bytes in all."""
         import torch
 
-        self._check_open()
+        self.check()
         if isinstance(x, torch.Tensor) and not x.is_contiguous():
             raise InputError(f"x with shape {tuple(x.shape)} and strides {x.stride()} is not contiguous")
+        flat = x.reshape(-1) if isinstance(x, torch.Tensor) else x
         if not (isinstance(x, torch.Tensor) and x.numel() == 0):  # an empty x is valid and moves nothing
-            check_rows("x", x.reshape(-1) if isinstance(x, torch.Tensor) else x)
-        check_outputs({"x": x}, {"out": out}, x)
-        self._check_device(x=x, **({"out": out} if out is not None else {}))
-        nbytes = self._check_size(x)
-        two_stage = use_two_stage(path, self._runtime.platform, self.world_size, nbytes)
+            check_rows("x", flat, kernel=False)
+        check_outputs({"x": x}, {"out": out}, x, kernel=False)
+        outputs = {"out": out} if out is not None else {}
+        self._check_device(x=x, **outputs)
+        unsupported = first_kernel_limit({"x": flat, **outputs}) if x.numel() else None
+        chosen = self._choose(path, x, unsupported)
         out = torch.empty_like(x) if out is None else out
         if x.numel() == 0:
             return out
+        if chosen is Path.FALLBACK:
+            return self._fallback_allreduce(x, out)
+        nbytes = x.numel() * x.element_size()
         packs = nbytes // DEFAULT_PACK
-        op = ALLREDUCE_2STAGE.op if two_stage else ALLREDUCE_1STAGE.op
+        op = ALLREDUCE_2STAGE.op if chosen is Path.TWO_STAGE else ALLREDUCE_1STAGE.op
         spec = spec_for(op, DType.parse(x.dtype), self.device, PLAIN_BLOCK, self.world_size)
-        work = math.ceil(packs / self.world_size) if two_stage else packs
+        work = math.ceil(packs / self.world_size) if chosen is Path.TWO_STAGE else packs
+        cols = x.shape[-1] if x.dim() else 1
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self._runtime.copy_async(self._mem.staging, x.data_ptr(), nbytes, stream)
+        table = self._peer_table(x, nbytes, stream)
         launch(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
-               (self._mem.table, self.rank, out.data_ptr(), packs, self._timeout_ns), stream)
+               (table, self.rank, out.data_ptr(), packs, x.numel() // cols, cols, self._timeout_ns), stream)
         return out
 
-    # -- helpers ------------------------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self.closed:
-            raise FusedArError(f"{self!r} is closed")
+    # -- the fallback -------------------------------------------------------------------------------------
+    def _choose(self, path: str, x: Any, unsupported: Optional[str]) -> Path:
+        nbytes = x.numel() * x.element_size()
+        chosen, why = choose_path(path, self._runtime.platform, self.world_size, nbytes, self.max_bytes,
+                                  group_reason=self._fallback_reason, unsupported=unsupported)
+        if chosen is not Path.FALLBACK:
+            return chosen
+        if self._device_group is None:  # a local group: nothing to fall back on
+            if unsupported is not None:
+                raise UnsupportedShapeError(unsupported)
+            if nbytes > self.max_bytes:
+                raise InputError(f"x has {nbytes} bytes ({tuple(x.shape)} {x.dtype}), over this communicator's "
+                                 f"max_bytes={self.max_bytes}; create it with a larger max_bytes")
+            raise InputError(f"path={path!r}: a local group has no device group to fall back on")
+        if why not in self._logged:  # one line per reason, not per call
+            self._logged.add(why)
+            log.warning("fused_ar: rank %d takes the fallback (torch.distributed all_reduce + fused_ar "
+                        "add_rmsnorm): %s", self.rank, why)
+        return chosen
 
+    def _fallback_allreduce(self, x: Any, out: Any) -> Any:
+        import torch.distributed as dist
+
+        out.copy_(x)
+        dist.all_reduce(out, group=self._device_group)
+        return out
+
+    def _fallback_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float, out: Any, residual_out: Any,
+                          torch_epilogue: bool) -> tuple[Any, Any]:
+        """The collective's all-reduce in T, then add + RMSNorm fused by our kernel (torch's ops for a
+        shape the kernel does not take)."""
+        import torch
+
+        ar = self._fallback_allreduce(x, torch.empty_like(x))
+        if not torch_epilogue:
+            add_rmsnorm_into(out, residual_out, ar, residual, weight, eps)
+            return out, residual_out
+        total = ar.float() + residual.float()
+        residual_out.copy_(total)
+        r = residual_out.float()
+        out.copy_(r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
+        return out, residual_out
+
+    # -- helpers ------------------------------------------------------------------------------------------
     def _check_device(self, **tensors: Any) -> None:
         check_devices(**tensors)
         first = next(iter(tensors.values()))
         if first.device.index != self.device:
             raise InputError(f"x is on {first.device} but this communicator serves cuda:{self.device}")
-
-    def _check_size(self, x: Any) -> int:
-        nbytes = x.numel() * x.element_size()
-        if nbytes > self._mem.max_bytes:
-            raise InputError(f"x has {nbytes} bytes ({tuple(x.shape)} {x.dtype}), over this communicator's "
-                             f"max_bytes={self._mem.max_bytes}; create it with a larger max_bytes")
-        return nbytes
 
     def _grid_cap(self, spec: KernelSpec) -> int:
         """Most blocks per launch: MAX_BLOCKS, and few enough that every rank sharing this GPU has all its
@@ -248,4 +426,3 @@ class Communicator:
             cap = max(1, min(MAX_BLOCKS, per_sm * sms // share))
             self._grid_caps[spec] = cap
         return cap
-

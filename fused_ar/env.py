@@ -86,6 +86,11 @@ TIMEOUT_S: EnvVar[float] = EnvVar(
     "FUSED_AR_TIMEOUT_S", _positive_float, 30.0, "30",
     "Seconds a cross-GPU kernel waits for a peer at a barrier before giving up (never a hang).",
 )
+PEER_PROBE: EnvVar[bool] = EnvVar(
+    "FUSED_AR_PEER_PROBE", _bool01, True, "1",
+    "Probe IPC peer access for real (a child process, once per node and boot, remembered in the cache "
+    "directory) before a Communicator uses it; 0 trusts the driver.",
+)
 XDG_CACHE_HOME: EnvVar[Path] = EnvVar(
     "XDG_CACHE_HOME", _path, None, "unset", "Standard base of per-user caches; used when FUSED_AR_CACHE_DIR is unset.",
 )
@@ -94,7 +99,7 @@ XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
 )
 
 VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
-                                 TIMEOUT_S, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
+                                 TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
 
 
 def cache_dir() -> Path:

@@ -16,6 +16,11 @@ class InputError(FusedArError, ValueError):
     """A tensor or scalar argument breaks a rule of the op; nothing was launched."""
 
 
+class UnsupportedShapeError(InputError):
+    """Valid for the math but outside what the kernels take (row width, alignment): a communicator with a
+    device group serves it through its fallback path; single-GPU ops and local groups raise it."""
+
+
 class ConfigError(FusedArError, ValueError):
     """An environment variable or option holds a value that cannot be used."""
 
@@ -40,3 +45,21 @@ class CacheTrustError(FusedArError, PermissionError):
 
 class DeviceError(FusedArError, RuntimeError):
     """A driver call (load, launch) failed; the message names the call and the driver's error."""
+
+
+class PeerTimeoutError(FusedArError, RuntimeError):
+    """A cross-GPU kernel gave up waiting for peers (FUSED_AR_TIMEOUT_S): `ranks` never arrived. The
+    communicator refuses further calls; create a new one."""
+
+    def __init__(self, message: str, ranks: Sequence[int]) -> None:
+        self.ranks = tuple(ranks)
+        super().__init__(message)
+
+
+class MismatchError(FusedArError, RuntimeError):
+    """Ranks of one group made different calls (op, shape, dtype or path); no data was touched. The
+    communicator refuses further calls; create a new one."""
+
+    def __init__(self, message: str, peer: int, mine: str, theirs: str) -> None:
+        self.peer, self.mine, self.theirs = peer, mine, theirs
+        super().__init__(message)

@@ -29,7 +29,7 @@ class KernelDef:
     params: tuple[tuple[str, Arg], ...]
     ngpus: tuple[int, ...]
     warm_blocks: tuple[int, ...]
-    constants: Callable[[KernelSpec], Mapping[str, int]] = lambda spec: {}
+    constants: Callable[[KernelSpec], Mapping[str, object]] = lambda spec: {}
 
     def specs(self, arch: str, dtypes: Iterable[DType], ngpus: Iterable[int]) -> list[KernelSpec]:
         return [KernelSpec(self.op, d, arch, DEFAULT_PACK, g, b)
@@ -97,13 +97,22 @@ def add_rmsnorm_block(packs_per_row: int) -> int:
     return BLOCK_SIZES[-1]
 
 
-# Layout of the signal buffer shared with kernels_src/fa_peers.h (rendered in as FA_MAX_BLOCKS and
+# Layout of the buffers shared with kernels_src/fa_peers.h (rendered in as FA_MAX_BLOCKS and
 # FA_MAX_RANKS): the most blocks a cross-GPU launch may have, and the largest group. SIGNAL_BYTES is
-# sizeof(fa_signal_t): flags[3][MAX_BLOCKS][MAX_RANKS], epoch[MAX_BLOCKS], error, all 32-bit.
+# sizeof(fa_signal_t): flags[3][MAX_BLOCKS][MAX_RANKS], desc[MAX_BLOCKS][MAX_RANKS][DESC_WORDS],
+# epoch[MAX_BLOCKS], error, all 32-bit. REPORT_WORDS: fa_report_t (error, missing, mine, theirs, ready).
+# PEER_TABLE_BYTES: fa_peers_t (input, tmp, signal per rank, report, registered), 64-bit each. The
+# kernels static_assert these sizes.
 MAX_BLOCKS = 128
 MAX_RANKS = max(SUPPORTED_NGPUS)
-SIGNAL_BYTES = 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS + 1)
-PEER_TABLE_BYTES = 3 * MAX_RANKS * 8
+DESC_WORDS = 3
+SIGNAL_BYTES = 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS * MAX_RANKS * DESC_WORDS + MAX_BLOCKS + 1)
+REPORT_WORDS = 3 + 2 * DESC_WORDS
+PEER_TABLE_BYTES = (3 * MAX_RANKS + 2) * 8
+# fa_peers.h's error codes: the high bits say what happened, the low 24 where (block, phase, peer).
+ERROR_TIMEOUT = 0x1000000
+ERROR_MISMATCH = 0x2000000
+ERROR_UNREGISTERED = 0x4000000
 # Stage 1 of the two-stage kernels: 256 threads give small-m shapes more blocks (shared/seed).
 TWO_STAGE_BLOCK = 256
 CROSS_GPU_NGPUS = tuple(n for n in SUPPORTED_NGPUS if n > 1)
@@ -116,10 +125,25 @@ def cross_gpu_reg_packs(spec: KernelSpec) -> int:
     return max(1, add_rmsnorm_reg_packs(spec) // (4 if spec.dtype is DType.FP32 else 2))
 
 
+# The one-stage fused kernel's blocks stop at 512 threads: at 1024 (64 registers each on sm_90) the row
+# packs, the N input packs and the barrier's checks sit at ptxas's spill edge (a few bytes of stack,
+# by its heuristics); at 512 a thread keeps twice the packs (cross_gpu_reg_packs), so the same part of
+# a row stays in registers.
+CROSS_GPU_MAX_BLOCK = 512
+
+
+def allreduce_rmsnorm_block(packs_per_row: int) -> int:
+    """Block size of the one-stage fused kernel for a row of `packs_per_row` packs."""
+    return min(add_rmsnorm_block(packs_per_row), CROSS_GPU_MAX_BLOCK)
+
+
 def _cross_gpu_constants(two_stage: bool):
-    def constants(spec: KernelSpec) -> dict[str, int]:
+    def constants(spec: KernelSpec) -> dict[str, object]:
         return {"FA_TWO_STAGE": int(two_stage), "FA_MAX_BLOCKS": MAX_BLOCKS, "FA_MAX_RANKS": MAX_RANKS,
-                "FA_REG_PACKS": cross_gpu_reg_packs(spec)}
+                "FA_REG_PACKS": cross_gpu_reg_packs(spec), "FA_OP_CODE": spec.op.code, "FA_DTYPE_CODE": spec.dtype.code, "FA_DESC_WORDS": DESC_WORDS,
+                "FA_ERROR_TIMEOUT": f"{ERROR_TIMEOUT:#x}u", "FA_ERROR_MISMATCH": f"{ERROR_MISMATCH:#x}u",
+                "FA_ERROR_UNREGISTERED": f"{ERROR_UNREGISTERED:#x}u", "FA_SIGNAL_BYTES": SIGNAL_BYTES,
+                "FA_REPORT_WORDS": REPORT_WORDS, "FA_PEER_TABLE_BYTES": PEER_TABLE_BYTES}
     return constants
 
 
@@ -127,11 +151,12 @@ _FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("resi
                  ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32),
                  ("eps", Arg.F32), ("timeout_ns", Arg.I64))
 _ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
-                     ("timeout_ns", Arg.I64))
+                     ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64))
 
 ALLREDUCE_RMSNORM_1STAGE = register(KernelDef(
     Op.ALLREDUCE_RMSNORM_1STAGE, "allreduce_rmsnorm.hip", _FUSED_PARAMS, CROSS_GPU_NGPUS,
-    warm_blocks=(256, 512, 1024), constants=_cross_gpu_constants(False)))
+    warm_blocks=tuple(b for b in BLOCK_SIZES if ADD_RMSNORM_MIN_BLOCK <= b <= CROSS_GPU_MAX_BLOCK),
+    constants=_cross_gpu_constants(False)))
 ALLREDUCE_RMSNORM_2STAGE = register(KernelDef(
     Op.ALLREDUCE_RMSNORM_2STAGE, "allreduce_rmsnorm.hip", _FUSED_PARAMS, CROSS_GPU_NGPUS,
     warm_blocks=(TWO_STAGE_BLOCK,), constants=_cross_gpu_constants(True)))

@@ -1,11 +1,12 @@
-"""Which cross-GPU path a call takes: the one-stage/two-stage byte thresholds, with their origins, and the
-environment overrides. Pure functions of (platform, ngpus, bytes, path); no devices, no launches.
+"""Which path a call takes: the one-stage/two-stage byte thresholds, with their origins, the environment
+overrides, and the rules that send a call to the fallback (torch.distributed all-reduce + our add_rmsnorm).
+Pure functions; no devices, no launches.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Union
+from typing import Optional, Union
 
 from . import env
 from .errors import InputError
@@ -18,6 +19,7 @@ class Path(str, Enum):
     AUTO = "auto"
     ONE_STAGE = "1stage"
     TWO_STAGE = "2stage"
+    FALLBACK = "fallback"
 
 
 # Largest input (bytes per rank) that takes the one-stage kernels; above it, two-stage.
@@ -42,12 +44,18 @@ def one_stage_max_bytes(platform: Platform, ngpus: int) -> int:
     return override if override is not None else ONE_STAGE_MAX_BYTES[(platform, ngpus)]
 
 
-def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int) -> bool:
-    """True for the two-stage kernels. `path` forces one; `auto` follows FUSED_AR_1STAGE, else the size."""
+def parse_path(path: Union[str, Path]) -> Path:
     try:
-        path = Path(path)
+        return Path(path)
     except ValueError:
         raise InputError(f"path={path!r}: must be one of {[p.value for p in Path]}") from None
+
+
+def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int) -> bool:
+    """True for the two-stage kernels. `path` forces one; `auto` follows FUSED_AR_1STAGE, else the size."""
+    path = parse_path(path)
+    if path is Path.FALLBACK:
+        raise InputError("path='fallback' takes no cross-GPU kernel")
     if path is Path.ONE_STAGE:
         return False
     if path is Path.TWO_STAGE:
@@ -56,3 +64,22 @@ def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes
     if forced is not None:
         return not forced
     return nbytes > one_stage_max_bytes(platform, ngpus)
+
+
+def choose_path(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int, max_bytes: int, *,
+                group_reason: Optional[str] = None, unsupported: Optional[str] = None) -> tuple[Path, Optional[str]]:
+    """(path, why it is the fallback or None). The fallback serves what the kernels cannot: a group the IPC
+    kernels cannot span (`group_reason`: several nodes, no working peer access), a shape they do not take
+    (`unsupported`), an input over the registered buffer; and `path='fallback'` asks for it. A forced
+    1stage/2stage is kept otherwise."""
+    path = parse_path(path)
+    if path is Path.FALLBACK:
+        return path, "path='fallback' was asked for"
+    why = group_reason or unsupported
+    if why is None and nbytes > max_bytes:
+        why = f"x has {nbytes} bytes, over this communicator's max_bytes={max_bytes}"
+    if why is not None:
+        return Path.FALLBACK, why
+    if path is Path.AUTO:
+        path = Path.TWO_STAGE if use_two_stage(path, platform, ngpus, nbytes) else Path.ONE_STAGE
+    return path, None

@@ -76,6 +76,17 @@ class Runtime(ABC):
         return int.from_bytes(self.read_bytes(ptr, 4, device), "little")
 
     @abstractmethod
+    def alloc_host_mapped(self, nbytes: int, device: int) -> tuple[int, int]:
+        """Pinned host memory the device reads and writes, zeroed: (host address, device address)."""
+
+    @abstractmethod
+    def free_host(self, host_ptr: int, device: int) -> None: ...
+
+    @abstractmethod
+    def allocation_range(self, ptr: int, device: int) -> tuple[int, int]:
+        """(base, size) of the device allocation holding `ptr` (an IPC handle covers a whole allocation)."""
+
+    @abstractmethod
     def ipc_handle(self, ptr: int) -> bytes:
         """The 64-byte IPC handle of the allocation starting at `ptr`."""
 

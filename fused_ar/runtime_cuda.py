@@ -55,7 +55,12 @@ class CudaRuntime(Runtime):
         handle = checked(drv.cuLibraryGetKernel(library, kernel.symbol(name).encode()), "cuLibraryGetKernel",
                          DeviceError)
         with self._in(device):
-            return checked(drv.cuKernelGetFunction(handle), f"cuKernelGetFunction({name})", DeviceError)
+            fn = checked(drv.cuKernelGetFunction(handle), f"cuKernelGetFunction({name})", DeviceError)
+            # Load now, not at the first launch: a lazy load may wait for the whole context, and ranks
+            # emulated in one process have kernels spinning for each other in it.
+            if hasattr(drv, "cuFuncLoad"):
+                checked(drv.cuFuncLoad(fn), f"cuFuncLoad({name})", DeviceError)
+            return fn
 
     def launch(self, function: Any, grid: int, block: int, args: Sequence[ctypes._SimpleCData], stream: int,
                shared_mem: int = 0) -> None:
@@ -93,6 +98,25 @@ class CudaRuntime(Runtime):
             checked(self._driver.cuMemcpyDtoH(buf, self._driver.CUdeviceptr(ptr), nbytes), "cuMemcpyDtoH",
                     DeviceError)
         return bytes(buf)
+
+    def alloc_host_mapped(self, nbytes: int, device: int) -> tuple[int, int]:
+        drv = self._driver
+        with self._in(device):
+            host = int(checked(drv.cuMemHostAlloc(nbytes, drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE),
+                               f"cuMemHostAlloc({nbytes})", DeviceError))
+            ctypes.memset(host, 0, nbytes)
+            dev = int(checked(drv.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer", DeviceError))
+        return host, dev
+
+    def free_host(self, host_ptr: int, device: int) -> None:
+        with self._in(device):
+            checked(self._driver.cuMemFreeHost(host_ptr), "cuMemFreeHost", DeviceError)
+
+    def allocation_range(self, ptr: int, device: int) -> tuple[int, int]:
+        with self._in(device):
+            base, size = checked(self._driver.cuMemGetAddressRange(self._driver.CUdeviceptr(ptr)),
+                                 "cuMemGetAddressRange", DeviceError)
+        return int(base), int(size)
 
     def ipc_handle(self, ptr: int) -> bytes:
         handle = checked(self._driver.cuIpcGetMemHandle(self._driver.CUdeviceptr(ptr)), "cuIpcGetMemHandle",

@@ -50,6 +50,7 @@ class HipRuntime(Runtime):
     _MALLOC_UNCACHED = 3
     _IPC_LAZY_ENABLE_PEER_ACCESS = 1
     _MEMCPY_DEVICE_TO_DEVICE = 3
+    _HOST_MALLOC_MAPPED_PORTABLE = 0x2 | 0x1  # hipHostMallocMapped | hipHostMallocPortable
 
     def _in(self, device: int):
         import torch
@@ -86,6 +87,24 @@ class HipRuntime(Runtime):
         with self._in(device):
             checked(self._hip.hipMemcpyDtoH(buf, ptr, nbytes), "hipMemcpyDtoH", DeviceError)
         return bytes(buf)
+
+    def alloc_host_mapped(self, nbytes: int, device: int) -> tuple[int, int]:
+        hip = self._hip
+        with self._in(device):
+            host = int(checked(hip.hipHostMalloc(nbytes, self._HOST_MALLOC_MAPPED_PORTABLE), f"hipHostMalloc({nbytes})",
+                               DeviceError))
+            ctypes.memset(host, 0, nbytes)
+            dev = int(checked(hip.hipHostGetDevicePointer(host, 0), "hipHostGetDevicePointer", DeviceError))
+        return host, dev
+
+    def free_host(self, host_ptr: int, device: int) -> None:
+        with self._in(device):
+            checked(self._hip.hipHostFree(host_ptr), "hipHostFree", DeviceError)
+
+    def allocation_range(self, ptr: int, device: int) -> tuple[int, int]:
+        with self._in(device):
+            base, size = checked(self._hip.hipMemGetAddressRange(ptr), "hipMemGetAddressRange", DeviceError)
+        return int(base), int(size)
 
     def ipc_handle(self, ptr: int) -> bytes:
         handle = checked(self._hip.hipIpcGetMemHandle(ptr), "hipIpcGetMemHandle", DeviceError)

@@ -27,6 +27,11 @@ class DType(str, Enum):
         return {DType.FP32: "FA_DTYPE_FP32", DType.FP16: "FA_DTYPE_FP16", DType.BF16: "FA_DTYPE_BF16"}[self]
 
     @property
+    def code(self) -> int:
+        """The number kernels publish for this dtype in a call descriptor (FA_DTYPE_CODE)."""
+        return list(DType).index(self)
+
+    @property
     def torch_name(self) -> str:
         return {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}[self]
 
@@ -54,6 +59,11 @@ class Op(str, Enum):
     ALLREDUCE_RMSNORM_2STAGE = "allreduce_rmsnorm_2stage"
     ALLREDUCE_1STAGE = "allreduce_1stage"
     ALLREDUCE_2STAGE = "allreduce_2stage"
+
+    @property
+    def code(self) -> int:
+        """The number kernels publish for this op in a call descriptor (FA_OP_CODE)."""
+        return list(Op).index(self)
 
 
 # Architectures: NVIDIA `sm_XX` (a CUBIN needs a real sm, not compute_XX); AMD `gfxNNN` with optional

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import InputError
+from .errors import InputError, UnsupportedShapeError
 from .spec import DEFAULT_PACK, DType
 
 INT32_MAX = 2**31 - 1
@@ -39,8 +39,9 @@ def check_eps(eps: Any) -> float:
     return eps
 
 
-def check_rows(name: str, x: Any, pack: int = DEFAULT_PACK) -> RowsShape:
-    """x: a contiguous tensor of rows (any leading dims, last dim n) whose rows split into whole packs."""
+def check_rows(name: str, x: Any, pack: int = DEFAULT_PACK, *, kernel: bool = True) -> RowsShape:
+    """x: a contiguous tensor of rows (any leading dims, last dim n > 0). With `kernel`, also what the
+    kernels take (kernel_limits); the communicator's fallback serves the rest."""
     _tensor(name, x)
     try:
         dtype = DType.parse(x.dtype)
@@ -52,26 +53,44 @@ def check_rows(name: str, x: Any, pack: int = DEFAULT_PACK) -> RowsShape:
         raise InputError(f"{name} with shape {tuple(x.shape)} and strides {x.stride()} is not contiguous")
     cols = x.shape[-1]
     rows = x.numel() // cols if cols else 0
-    per_pack = pack // dtype.itemsize
-    if cols == 0 or cols % per_pack:
-        raise InputError(f"{name} has n={cols}: n must be a positive multiple of {per_pack} for {dtype.value} "
-                         f"({pack}-byte accesses)")
+    if cols == 0:
+        raise InputError(f"{name} has n=0: n must be positive")
     if cols > INT32_MAX or rows > INT32_MAX:
         raise InputError(f"{name} has shape {tuple(x.shape)}: rows and n must each fit in int32")
-    if x.data_ptr() % pack:
-        raise InputError(f"{name} starts at address {x.data_ptr():#x}, not {pack}-byte aligned "
-                         "(a view at an odd offset?); pass a contiguous copy")
+    problem = kernel_limits(name, x, pack) if kernel else None
+    if problem is not None:
+        raise UnsupportedShapeError(problem)
     return RowsShape(dtype, rows, cols)
 
 
-def check_like(name: str, t: Any, ref_name: str, ref: Any) -> None:
+def kernel_limits(name: str, x: Any, pack: int = DEFAULT_PACK) -> Optional[str]:
+    """What the kernels cannot take in a valid tensor of rows (row width, alignment), or None."""
+    per_pack = pack // x.element_size()
+    if x.shape[-1] % per_pack:
+        return (f"{name} has n={x.shape[-1]}: n must be a positive multiple of {per_pack} for "
+                f"{DType.parse(x.dtype).value} ({pack}-byte accesses)")
+    if x.data_ptr() % pack:
+        return (f"{name} starts at address {x.data_ptr():#x}, not {pack}-byte aligned (a view at an odd "
+                "offset?); pass a contiguous copy")
+    return None
+
+
+def first_kernel_limit(tensors: dict[str, Any]) -> Optional[str]:
+    for name, t in tensors.items():
+        problem = kernel_limits(name, t.reshape(-1) if t.dim() == 0 else t)
+        if problem is not None:
+            return problem
+    return None
+
+
+def check_like(name: str, t: Any, ref_name: str, ref: Any, *, kernel: bool = True) -> None:
     """t must be a tensor of ref's dtype and shape (device is checked by check_devices)."""
     _tensor(name, t)
     if t.dtype != ref.dtype:
         raise InputError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
     if tuple(t.shape) != tuple(ref.shape):
         raise InputError(f"{name} has shape {tuple(t.shape)} but {ref_name} has {tuple(ref.shape)}; they must match")
-    check_rows(name, t)
+    check_rows(name, t, kernel=kernel)
 
 
 def check_devices(**tensors: Any) -> None:
@@ -84,11 +103,12 @@ def check_devices(**tensors: Any) -> None:
             raise InputError(f"{name} is on {t.device} but {first_name} is on {first.device}")
 
 
-def check_outputs(inputs: dict[str, Any], outputs: dict[str, Optional[Any]], ref: Any) -> None:
+def check_outputs(inputs: dict[str, Any], outputs: dict[str, Optional[Any]], ref: Any, *,
+                  kernel: bool = True) -> None:
     """Caller-provided outputs: the shape and dtype of x, and sharing memory with no input or each other."""
     given = {k: v for k, v in outputs.items() if v is not None}
     for name, t in given.items():
-        check_like(name, t, "x", ref)
+        check_like(name, t, "x", ref, kernel=kernel)
     seen = list(inputs.items())
     for name, t in given.items():
         for other_name, other in seen:
@@ -103,14 +123,15 @@ def _overlaps(a: Any, b: Any) -> bool:
     return a.device == b.device and a0 < b1 and b0 < a1
 
 
-def check_rmsnorm_inputs(x: Any, residual: Any, weight: Any, eps: Any) -> tuple[RowsShape, float]:
-    shape = check_rows("x", x)
-    check_like("residual", residual, "x", x)
+def check_rmsnorm_inputs(x: Any, residual: Any, weight: Any, eps: Any, *,
+                         kernel: bool = True) -> tuple[RowsShape, float]:
+    shape = check_rows("x", x, kernel=kernel)
+    check_like("residual", residual, "x", x, kernel=kernel)
     _tensor("weight", weight)
     if weight.dtype != x.dtype:
         raise InputError(f"weight has dtype {weight.dtype} but x has {x.dtype}; they must match")
     if weight.dim() != 1 or weight.shape[0] != shape.cols:
         raise InputError(f"weight has shape {tuple(weight.shape)}; it must be 1-D of length n={shape.cols}")
-    check_rows("weight", weight)
+    check_rows("weight", weight, kernel=kernel)
     eps = check_eps(eps)
     return shape, eps

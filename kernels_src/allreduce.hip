@@ -7,12 +7,13 @@
 #include "fa_peers.h"
 
 extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
-    const fa_peers_t* __restrict__ peers, int rank, fa_elem_t* __restrict__ out, fa_i64 packs,
-    fa_i64 timeout_ns) {
+    const fa_peers_t* __restrict__ peers, int rank, fa_elem_t* __restrict__ out, fa_i64 packs, int rows,
+    int cols, fa_i64 timeout_ns) {
   const fa_i64 first = (fa_i64)fa_block_id() * FA_BLOCK + fa_thread_id();
   const fa_i64 stride = (fa_i64)fa_grid_blocks() * FA_BLOCK;
-  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns);
-  fa_barrier(bar, FA_PHASE_START);  // every rank's input is in place
+  __shared__ fa_block_state_t state;
+  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);  // rows, cols: x's shape
+  if (!fa_barrier(bar, FA_PHASE_START)) return;  // every rank's input is in place, and the same call
 #if FA_TWO_STAGE
   const fa_i64 share = (packs + FA_NGPUS - 1) / FA_NGPUS;  // rank r owns [r * share, min((r + 1) * share, packs))
   {
@@ -26,7 +27,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
       for (int r = 0; r < FA_NGPUS; ++r) fa_store_pack_peer((fa_elem_t*)peers->tmp[r], p, reduced);
     }
   }
-  fa_barrier(bar, FA_PHASE_MID);  // every rank's share written by this block index is in the local tmp
+  if (!fa_barrier(bar, FA_PHASE_MID)) return;  // every rank's share written by this block index is in the local tmp
   const fa_elem_t* local_tmp = (const fa_elem_t*)peers->tmp[rank];
 #pragma unroll
   for (int r = 0; r < FA_NGPUS; ++r) {
@@ -41,6 +42,5 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     fa_store_pack(out, p, fa_pack(ar));
   }
 #endif
-  fa_barrier(bar, FA_PHASE_END);  // no peer still reads this rank's input or writes its tmp
-  fa_barrier_end(bar);
+  if (fa_barrier(bar, FA_PHASE_END)) fa_barrier_end(bar);  // no peer still reads this rank's input or writes its tmp
 }

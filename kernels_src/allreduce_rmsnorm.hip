@@ -55,8 +55,9 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     fa_elem_t* __restrict__ residual_out, const fa_elem_t* __restrict__ residual,
     const fa_elem_t* __restrict__ weight, int rows, int cols, float eps, fa_i64 timeout_ns) {
   const int packs = cols / FA_PACK_ELEMS;
-  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns);
-  fa_barrier(bar, FA_PHASE_START);  // every rank's input is in place (its copy preceded its kernel)
+  __shared__ fa_block_state_t state;
+  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);
+  if (!fa_barrier(bar, FA_PHASE_START)) return;  // every rank's input is in place, and the same call
 #if FA_TWO_STAGE
   fa_elem_t* const local_tmp = (fa_elem_t*)peers->tmp[rank];
   int lo, hi;
@@ -71,13 +72,12 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
       for (int r = 0; r < FA_NGPUS; ++r) fa_store_pack_peer((fa_elem_t*)peers->tmp[r], base + p, reduced);
     }
   }
-  fa_barrier(bar, FA_PHASE_MID);  // every rank's share of this block's rows is in the local tmp
+  if (!fa_barrier(bar, FA_PHASE_MID)) return;  // every rank's share of this block's rows is in the local tmp
 #else
   const fa_elem_t* const local_tmp = nullptr;
 #endif
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
     fa_rmsnorm_rows_from(peers, local_tmp, out, residual_out, residual, weight, row, packs, cols, eps);
   }
-  fa_barrier(bar, FA_PHASE_END);  // no peer still reads this rank's input or writes its tmp
-  fa_barrier_end(bar);
+  if (fa_barrier(bar, FA_PHASE_END)) fa_barrier_end(bar);  // no peer still reads this rank's input or writes its tmp
 }

@@ -9,67 +9,176 @@
 #define FA_PHASE_END 2
 #define FA_PHASES 3
 
+// FA_CHECKS 1 (always, outside the benchmark that measures their cost): every spin is bounded by the
+// timeout, gives up as soon as another block of this rank recorded an error, and the start barrier
+// compares the call descriptors of all ranks.
+#ifndef FA_CHECKS
+#define FA_CHECKS 1
+#endif
+
+// What a call is, as every rank publishes it with its start flag (FA_DESC_WORDS words): op and dtype
+// codes and the grid, rows, cols. Ranks that disagree stop before touching any data
+// (fused_ar.MismatchError). FA_OP_CODE, FA_DTYPE_CODE, FA_DESC_WORDS and the FA_ERROR_* codes are
+// rendered from fused_ar/kernels.py, which decodes what the kernels record.
+
 // One per rank, in that rank's signal allocation (uncached on AMD), zeroed at creation.
 struct fa_signal_t {
-  fa_u32 flags[FA_PHASES][FA_MAX_BLOCKS][FA_MAX_RANKS];  // [phase][block][rank that arrived]
+  fa_u32 flags[FA_PHASES][FA_MAX_BLOCKS][FA_MAX_RANKS];      // [phase][block][rank that arrived]
+  fa_u32 desc[FA_MAX_BLOCKS][FA_MAX_RANKS][FA_DESC_WORDS];   // that rank's call, with its start flag
   fa_u32 epoch[FA_MAX_BLOCKS];  // calls this rank has completed per block index; only this rank writes it
-  fa_u32 error;                 // 0, or the first spin that gave up: see FA_ERROR_*
+  fa_u32 error;  // device copy of the first error: once set, every spin of this rank gives up at once
 };
 
-// error = FA_ERROR_TIMEOUT | block << 12 | phase << 8 | peer (fused_ar/communicator.py decodes it)
-#define FA_ERROR_TIMEOUT 0x1000000u
+// An error word: FA_ERROR_TIMEOUT, _MISMATCH or _UNREGISTERED | block << 12 | phase << 8 | peer.
 
-// Device-side table of this rank's view of the group (addresses valid in this process).
+// The host-visible report of this rank (mapped pinned host memory): read by the host on every call
+// without a device synchronization. The first error fills it; `ready` says the fields are complete.
+struct fa_report_t {
+  fa_u32 error;     // first error code, as in fa_signal_t::error
+  fa_u32 missing;   // bit r: a block of this rank gave up waiting for rank r
+  fa_u32 mine[FA_DESC_WORDS];
+  fa_u32 theirs[FA_DESC_WORDS];  // the disagreeing peer's descriptor (FA_ERROR_MISMATCH)
+  fa_u32 ready;
+};
+
+// Device-side table of this rank's view of the group (addresses valid in this process). One per
+// communicator for eager calls (inputs: the staging buffers) and one per graph-captured call (inputs:
+// the captured tensors, filled in when the graph's buffers are registered).
 struct fa_peers_t {
   const void* input[FA_MAX_RANKS];  // each rank's staged input (or registered graph input)
   void* tmp[FA_MAX_RANKS];          // each rank's two-stage buffer
   fa_signal_t* signal[FA_MAX_RANKS];
+  fa_report_t* report;              // this rank's host-visible report
+  fa_u64 registered;                // 0 in a graph table whose inputs are not known yet
+};
+
+// The host writes and reads these by the sizes fused_ar/kernels.py renders in: a layout change that
+// forgets one side fails to compile.
+static_assert(sizeof(fa_signal_t) == FA_SIGNAL_BYTES, "fa_signal_t differs from fused_ar.kernels.SIGNAL_BYTES");
+static_assert(sizeof(fa_report_t) == 4 * FA_REPORT_WORDS, "fa_report_t differs from fused_ar.kernels.REPORT_WORDS");
+static_assert(sizeof(fa_peers_t) == FA_PEER_TABLE_BYTES, "fa_peers_t differs from fused_ar.kernels.PEER_TABLE_BYTES");
+
+// What the barriers of one call need besides the peer table, per block in shared memory: values kept
+// in registers would be live through the whole kernel body, and at 1024 threads (64 registers each on
+// sm_90) ptxas spills them. Thread 0 writes it at the begin; threads that give up set `failed`; every
+// read follows a block sync.
+struct fa_block_state_t {
+  fa_i64 timeout_ns;
+  fa_u32 flag;      // this call's flag: epoch + 1
+  int failed;       // set by any thread of the block that gave up
+  int rows, cols;   // with the op, dtype and grid: this call's descriptor (fa_desc)
 };
 
 struct fa_barrier_t {
-  fa_signal_t* const* signal;
+  const fa_peers_t* peers;
   int rank;
-  fa_u32 flag;
-  fa_u64 deadline_ns;
+  fa_block_state_t* state;  // the kernel's __shared__ one
 };
 
+// Word i of this call's descriptor.
+FA_INLINE fa_u32 fa_desc(const fa_barrier_t& b, int i) {
+  return i == 0 ? (fa_u32)FA_OP_CODE | (fa_u32)FA_DTYPE_CODE << 8 | (fa_u32)fa_grid_blocks() << 16
+                : (fa_u32)(i == 1 ? b.state->rows : b.state->cols);
+}
+
+// The first error of this rank fills the report; later ones only add the peer they waited for.
+FA_INLINE void fa_record(const fa_barrier_t& b, fa_u32 code, const fa_u32* theirs, int peer) {
+  fa_signal_t* own = b.peers->signal[b.rank];
+  fa_report_t* report = b.peers->report;
+  fa_or_sys(&report->missing, code & FA_ERROR_TIMEOUT ? 1u << peer : 0u);
+  if (fa_cas_sys(&own->error, 0u, code) == 0u) {
+#pragma unroll
+    for (int i = 0; i < FA_DESC_WORDS; ++i) {
+      fa_store_relaxed_sys(&report->mine[i], fa_desc(b, i));
+      fa_store_relaxed_sys(&report->theirs[i], theirs ? fa_load_relaxed_sys(&theirs[i]) : 0u);
+    }
+    fa_store_relaxed_sys(&report->error, code);
+    fa_store_release_sys(&report->ready, 1u);
+  }
+  b.state->failed = 1;
+}
+
 // Every call of a kernel uses flag = epoch + 1 for all its phases; flags only ever compare for equality,
-// so the 32-bit counter may wrap.
-FA_INLINE fa_barrier_t fa_barrier_begin(const fa_peers_t* peers, int rank, fa_i64 timeout_ns) {
+// so the 32-bit counter may wrap. `state` is a __shared__ fa_block_state_t of the kernel; the first
+// fa_barrier's block sync publishes what thread 0 writes here.
+FA_INLINE fa_barrier_t fa_barrier_begin(const fa_peers_t* peers, int rank, fa_i64 timeout_ns, int rows,
+                                        int cols, fa_block_state_t* state) {
   fa_barrier_t b;
-  b.signal = peers->signal;
+  b.peers = peers;
   b.rank = rank;
-  b.flag = peers->signal[rank]->epoch[fa_block_id()] + 1u;
-  b.deadline_ns = fa_timer_ns() + (fa_u64)timeout_ns;
+  b.state = state;
+  if (fa_thread_id() == 0) {
+    state->timeout_ns = timeout_ns;
+    state->rows = rows;
+    state->cols = cols;
+    state->flag = peers->signal[rank]->epoch[fa_block_id()] + 1u;
+    state->failed = 0;
+    if (!peers->registered) {  // a graph replayed before its buffers were registered: touch nothing
+      state->failed = 1;
+      if (fa_block_id() == 0) fa_record(b, FA_ERROR_UNREGISTERED, nullptr, rank);
+    }
+  }
   return b;
 }
 
-// Block b of this rank meets block b of every rank. Kernels give block b the same work on every rank
-// (same grid, same index mapping), so this pairwise meeting orders exactly the data block b exchanges.
-FA_INLINE void fa_barrier(const fa_barrier_t& b, int phase) {
+// Block b of this rank meets block b of every rank; each wait gives up after the timeout. Kernels give
+// block b the same work on every rank (same grid, same index mapping), so this pairwise meeting orders
+// exactly the data block b exchanges.
+// Returns false (in every thread of the block) if this rank gave up: a timeout, a mismatch, or an error
+// another block recorded; the caller then returns without touching data.
+FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
   const int t = fa_thread_id();
   const int block = fa_block_id();
   fa_sync_block();  // every thread's earlier reads and writes happen before thread t's release below
-  if (t < FA_NGPUS) {
-    // Tell rank t that this block reached `phase`, releasing this block's writes to rank t.
-    fa_store_release_sys(&b.signal[t]->flags[phase][block][b.rank], b.flag);
-    const fa_u32* arrived = &b.signal[b.rank]->flags[phase][block][t];
-    // Acquire rank t's writes made before it reached `phase`; bounded, never a hang.
-    while (fa_load_acquire_sys(arrived) != b.flag) {
-      if (fa_timer_ns() > b.deadline_ns) {
-        // The first timeout is the cause; later ones (past the same deadline) would hide it.
-        fa_cas_sys(&b.signal[b.rank]->error, 0u,
-                   FA_ERROR_TIMEOUT | ((fa_u32)block << 12) | ((fa_u32)phase << 8) | (fa_u32)t);
-        break;
-      }
+  if (t < FA_NGPUS && !b.state->failed) {
+    const fa_u32 flag = b.state->flag;
+    fa_signal_t* peer = b.peers->signal[t];
+    fa_signal_t* own = b.peers->signal[b.rank];
+    if (phase == FA_PHASE_START) {
+#pragma unroll
+      for (int i = 0; i < FA_DESC_WORDS; ++i) fa_store_relaxed_sys(&peer->desc[block][b.rank][i], fa_desc(b, i));
     }
+    // Tell rank t that this block reached `phase`, releasing this block's writes to rank t.
+    fa_store_release_sys(&peer->flags[phase][block][b.rank], flag);
+    const fa_u32* arrived = &own->flags[phase][block][t];
+    // Acquire rank t's writes made before it reached `phase`; bounded, never a hang.
+    // The clock starts at the 8th poll, so a peer that is already there costs no timer read.
+    fa_u64 deadline_ns = 0;
+    for (fa_u32 spins = 0; fa_load_acquire_sys(arrived) != flag; ++spins) {
+#if FA_CHECKS
+      if (spins % 8 == 7) {  // every 8th spin: the common path sees its peer within a few polls
+        if (fa_load_relaxed_sys(&own->error) != 0u) {
+          b.state->failed = 1;
+          break;
+        }
+        const fa_u64 now = fa_timer_ns();
+        if (spins == 7) deadline_ns = now + (fa_u64)b.state->timeout_ns;
+        if (now > deadline_ns) {
+          fa_record(b, FA_ERROR_TIMEOUT | ((fa_u32)block << 12) | ((fa_u32)phase << 8) | (fa_u32)t, nullptr, t);
+          break;
+        }
+      }
+#endif
+    }
+#if FA_CHECKS
+    if (phase == FA_PHASE_START && !b.state->failed) {
+      // Rank t wrote its descriptor before releasing the flag just acquired (in global memory, so the
+      // record below reads it from there: no local array).
+      const fa_u32* theirs = own->desc[block][t];
+      bool same = true;
+#pragma unroll
+      for (int i = 0; i < FA_DESC_WORDS; ++i) same = same && fa_load_relaxed_sys(&theirs[i]) == fa_desc(b, i);
+      if (!same) fa_record(b, FA_ERROR_MISMATCH | ((fa_u32)block << 12) | (fa_u32)t, theirs, t);
+    }
+#endif
   }
   fa_sync_block();  // thread t's acquire orders rank t's writes before every thread's reads after this
+  return !b.state->failed;
 }
 
 // After the last phase: this block's call is complete on every rank, so the next call may use flag + 1.
 FA_INLINE void fa_barrier_end(const fa_barrier_t& b) {
-  if (fa_thread_id() == 0) b.signal[b.rank]->epoch[fa_block_id()] = b.flag;
+  if (fa_thread_id() == 0) b.peers->signal[b.rank]->epoch[fa_block_id()] = b.state->flag;
 }
 
 // acc = sum over ranks 0..N-1, in that order, of float(input_r[pack]); all N loads issued first.

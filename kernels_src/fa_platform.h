@@ -78,6 +78,16 @@ FA_INLINE fa_u32 fa_cas_sys(fa_u32* p, fa_u32 expected, fa_u32 desired) {
                                      __MEMORY_SCOPE_SYSTEM);
   return expected;
 }
+FA_INLINE void fa_or_sys(fa_u32* p, fa_u32 bits) {
+  __scoped_atomic_fetch_or(p, bits, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+}
+// A word another agent may change at any time, read fresh each time (no acquire: nothing is ordered by it).
+FA_INLINE fa_u32 fa_load_relaxed_sys(const fa_u32* p) {
+  return __scoped_atomic_load_n(p, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+}
+FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
+  __scoped_atomic_store_n(p, v, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+}
 // s_memrealtime is a constant 100 MHz clock on CDNA: 10 ns per tick.
 FA_INLINE fa_u64 fa_timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
 
@@ -135,6 +145,15 @@ FA_INLINE fa_u32 fa_load_acquire_sys(const fa_u32* p) {
 }
 FA_INLINE fa_u32 fa_cas_sys(fa_u32* p, fa_u32 expected, fa_u32 desired) {
   return atomicCAS_system(p, expected, desired);
+}
+FA_INLINE void fa_or_sys(fa_u32* p, fa_u32 bits) { atomicOr_system(p, bits); }
+FA_INLINE fa_u32 fa_load_relaxed_sys(const fa_u32* p) {
+  fa_u32 v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 FA_INLINE fa_u64 fa_timer_ns() {
   fa_u64 t;

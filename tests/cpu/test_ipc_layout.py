@@ -6,21 +6,33 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from fused_ar.ipc import PeerView
-from fused_ar.kernels import MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
+from fused_ar.ipc import TABLE_STRIDE, PeerView
+from fused_ar.kernels import DESC_WORDS, MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
+from fused_ar.report import REPORT_BYTES
 
 
 def test_peer_table_is_fa_peers_t():
     view = PeerView([0x1000, 0x2000], [0x3000, 0x4000], [0x5000, 0x6000])
-    raw = view.table_bytes()
-    assert len(raw) == PEER_TABLE_BYTES == 3 * MAX_RANKS * 8
-    fields = struct.unpack(f"<{3 * MAX_RANKS}Q", raw)
+    raw = view.table_bytes(0x7000)
+    assert len(raw) == TABLE_STRIDE and PEER_TABLE_BYTES == (3 * MAX_RANKS + 2) * 8
+    fields = struct.unpack(f"<{3 * MAX_RANKS + 2}Q", raw[:PEER_TABLE_BYTES])
     assert fields[0:2] == (0x1000, 0x2000) and fields[MAX_RANKS:MAX_RANKS + 2] == (0x3000, 0x4000)
     assert fields[2 * MAX_RANKS:2 * MAX_RANKS + 2] == (0x5000, 0x6000) and fields[2] == 0
+    assert fields[-2:] == (0x7000, 1)  # report, registered
+    assert not any(raw[PEER_TABLE_BYTES:])
 
 
-def test_signal_bytes_match_the_struct():
-    assert SIGNAL_BYTES == 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS + 1)
+def test_graph_tables_name_their_inputs_or_stay_unregistered():
+    view = PeerView([0x1000, 0x2000], [0x3000, 0x4000], [0x5000, 0x6000])
+    graph = struct.unpack(f"<{3 * MAX_RANKS + 2}Q", view.table_bytes(0x7000, [0xa000, 0xb000])[:PEER_TABLE_BYTES])
+    assert graph[0:2] == (0xa000, 0xb000) and graph[MAX_RANKS:MAX_RANKS + 2] == (0x3000, 0x4000) and graph[-1] == 1
+    blank = struct.unpack(f"<{3 * MAX_RANKS + 2}Q", view.table_bytes(0x7000, [])[:PEER_TABLE_BYTES])
+    assert blank[0:2] == (0, 0) and blank[-2:] == (0x7000, 0)  # a replay records its error, reads nothing
+
+
+def test_signal_and_report_sizes_match_the_structs():
+    assert SIGNAL_BYTES == 4 * (3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS * MAX_RANKS * DESC_WORDS + MAX_BLOCKS + 1)
+    assert REPORT_BYTES == 4 * (3 + 2 * DESC_WORDS)
 
 
 def test_cuda_ipc_handle_bytes_round_trip():
