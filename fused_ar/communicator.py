@@ -316,12 +316,7 @@ class Communicator:
             return out, residual_out
         if chosen is Path.FALLBACK:
             return self._fallback_rmsnorm(x, residual, weight, eps, out, residual_out, unsupported is not None)
-        packs = shape.cols * shape.dtype.itemsize // DEFAULT_PACK
-        if chosen is Path.TWO_STAGE:
-            spec = spec_for(ALLREDUCE_RMSNORM_2STAGE.op, shape.dtype, self.device, TWO_STAGE_BLOCK, self.world_size)
-        else:
-            spec = spec_for(ALLREDUCE_RMSNORM_1STAGE.op, shape.dtype, self.device, allreduce_rmsnorm_block(packs),
-                            self.world_size)
+        spec = self._fused_spec(shape.dtype, shape.cols, chosen)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         table = self._peer_table(x, x.numel() * x.element_size(), stream)
         launch(spec, self.device, min(shape.rows, self._grid_cap(spec)),
@@ -360,6 +355,13 @@ class Communicator:
         launch(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
                (table, self.rank, out.data_ptr(), packs, x.numel() // cols, cols, self._timeout_ns), stream)
         return out
+
+    def _fused_spec(self, dtype: DType, cols: int, chosen: Path) -> KernelSpec:
+        if chosen is Path.TWO_STAGE:
+            return spec_for(ALLREDUCE_RMSNORM_2STAGE.op, dtype, self.device, TWO_STAGE_BLOCK, self.world_size)
+        packs = cols * dtype.itemsize // DEFAULT_PACK
+        return spec_for(ALLREDUCE_RMSNORM_1STAGE.op, dtype, self.device, allreduce_rmsnorm_block(packs),
+                        self.world_size)
 
     # -- the fallback -------------------------------------------------------------------------------------
     def _choose(self, path: str, x: Any, unsupported: Optional[str]) -> Path:

@@ -17,6 +17,7 @@ import torch
 
 from fused_ar import Communicator
 from fused_ar.kernels import MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES
+from fused_ar.report import describe_error
 
 MS = [1, 2, 3, 7, 16, 17, 31, 64, 127, 128, 1000, 4096]
 
@@ -26,7 +27,7 @@ def dump(comms, blocks: int) -> None:
         words = struct.unpack(f"<{SIGNAL_BYTES // 4}I", c._runtime.read_bytes(c._mem.signal, SIGNAL_BYTES, c.device))
         flags = words[: 3 * MAX_BLOCKS * MAX_RANKS]
         epoch = words[3 * MAX_BLOCKS * MAX_RANKS: 3 * MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS]
-        print(f"rank {c.rank}: error={Communicator.describe_error(words[-1])} epoch[0:{blocks}]={list(epoch[:blocks])}")
+        print(f"rank {c.rank}: error={describe_error(words[-1])} epoch[0:{blocks}]={list(epoch[:blocks])}")
         for phase in range(3):
             rows = [flags[(phase * MAX_BLOCKS + b) * MAX_RANKS:(phase * MAX_BLOCKS + b) * MAX_RANKS + len(comms)]
                     for b in range(blocks)]
@@ -69,7 +70,7 @@ def main() -> int:
             wait = time.perf_counter() - t0
             codes = [c.error_code() for c in comms]
             print(f"m={m} {kind}: host us per rank {host}, sync {wait * 1e3:.1f} ms, errors "
-                  f"{[Communicator.describe_error(x) if x else 0 for x in codes]}", flush=True)
+                  f"{[describe_error(x) if x else 0 for x in codes]}", flush=True)
             if any(codes):
                 dump(comms, min(m, MAX_BLOCKS))
                 return 1

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fused_ar import Communicator
+from fused_ar.report import describe_error
 from tests.reference import allreduce_reference, assert_rmsnorm_matches
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +42,7 @@ def run_ranks(group, fn):
     torch.cuda.synchronize()
     for comm in comms:
         code = comm.error_code()
-        assert code == 0, f"rank {comm.rank}: {Communicator.describe_error(code)}"
+        assert code == 0, f"rank {comm.rank}: {describe_error(code)}"
     return results
 
 

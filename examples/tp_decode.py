@@ -1,0 +1,197 @@
+"""A toy tensor-parallel decoder step on N ranks: a column-parallel matmul, ReLU, a row-parallel matmul whose
+partial sums the fused op all-reduces, adds to the residual and normalizes. Runs eager, graph-captured
+(one CUDA graph per batch size, replayed with new inputs) and torch.compile'd (fullgraph, the op as
+torch.ops.fused_ar.allreduce_rmsnorm, captured into a graph too), and checks every result against a
+single-process reference (DESIGN.md section 1: residual_out bit-exact, out within 1 ulp).
+
+    python examples/tp_decode.py --tp 4                 # one process per GPU where there are 4 GPUs,
+                                                        # else all ranks in this process on GPU 0
+    torchrun --nproc-per-node 4 examples/tp_decode.py   # one process per GPU, launched by torchrun
+
+ReLU keeps the partial sums identical in eager and compiled code (Inductor may fuse a smooth activation
+with different rounding), so every mode can be checked bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # one hardware queue per emulated rank
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from fused_ar import Communicator  # noqa: E402
+from fused_ar.reference import add_rmsnorm_reference, ulp_distance  # noqa: E402
+
+MODES = ("eager", "graph", "compiled")
+EPS = 1e-6
+
+
+def weights(tp: int, hidden: int, ffn: int, dtype: torch.dtype, device: str):
+    g = torch.Generator(device=device).manual_seed(1234)
+    w1 = torch.randn(hidden, ffn, device=device, dtype=dtype, generator=g) / hidden ** 0.5
+    w2 = torch.randn(ffn, hidden, device=device, dtype=dtype, generator=g) / ffn ** 0.5
+    norm = torch.rand(hidden, device=device, dtype=dtype, generator=g) + 0.5
+    shard = ffn // tp  # rank r: columns of w1 and rows of w2 in [r * shard, (r + 1) * shard)
+    return [(w1[:, r * shard:(r + 1) * shard].contiguous(), w2[r * shard:(r + 1) * shard].contiguous())
+            for r in range(tp)], norm
+
+
+def layer(x, residual, w1, w2, norm, comm: int):
+    partial = torch.relu(x @ w1) @ w2
+    return torch.ops.fused_ar.allreduce_rmsnorm(partial, residual, norm, EPS, comm, "auto")
+
+
+def reference(x, residual, shards, norm):
+    partials = [torch.relu(x @ w1) @ w2 for w1, w2 in shards]
+    _, ro, out = add_rmsnorm_reference(partials, residual, norm, EPS)
+    return out, ro
+
+
+def check(mode: str, m: int, got, want) -> None:
+    (out, ro), (ref_out, ref_ro) = got, want
+    if not torch.equal(ro, ref_ro):
+        raise SystemExit(f"{mode} m={m}: residual_out differs from the reference in {(ro != ref_ro).sum().item()} "
+                         "elements")
+    worst = ulp_distance(out, ref_out).max().item()
+    if worst > 1:
+        raise SystemExit(f"{mode} m={m}: out is {worst} ulp from the reference")
+
+
+class Ranks:
+    """The ranks this process drives: all of them (one GPU, one stream each) or its own (one per GPU)."""
+
+    def __init__(self, comms: list[Communicator]) -> None:
+        self.comms = comms
+        self.streams = [torch.cuda.Stream(device=c.device) for c in comms]
+
+    def run(self, fn):
+        """fn(i, comm) for every local rank, each on its stream, all enqueued before one synchronize."""
+        results = []
+        for i, (comm, stream) in enumerate(zip(self.comms, self.streams)):
+            stream.wait_stream(torch.cuda.current_stream(comm.device))
+            with torch.cuda.stream(stream):
+                results.append(fn(i, comm))
+        torch.cuda.synchronize()
+        for comm in self.comms:
+            comm.check()
+        return results
+
+
+def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int, modes: list[str]) -> list[str]:
+    device = f"cuda:{comms[0].device}"
+    dtype = torch.bfloat16
+    shards, norm = weights(tp, hidden, ffn, dtype, device)
+    ranks = Ranks(comms)
+    mine = [shards[c.rank] for c in comms]
+    lines = []
+    g = torch.Generator(device=device).manual_seed(99)
+
+    def fresh(m):
+        return (torch.randn(m, hidden, device=device, dtype=dtype, generator=g),
+                torch.randn(m, hidden, device=device, dtype=dtype, generator=g))
+
+    if "eager" in modes:
+        for m in ms:
+            x, residual = fresh(m)
+            got = ranks.run(lambda i, c: layer(x, residual, *mine[i], norm, c.handle))
+            for result in got:
+                check("eager", m, result, reference(x, residual, shards, norm))
+        lines.append(f"eager: m={ms} checked on {len(comms)} local rank(s)")
+
+    for mode in [mo for mo in ("graph", "compiled") if mo in modes]:
+        fn = layer if mode == "graph" else torch.compile(layer, fullgraph=True, dynamic=False)
+        graphs = {}
+        for m in ms:
+            x, residual = fresh(m)
+            ranks.run(lambda i, c: fn(x, residual, *mine[i], norm, c.handle))  # warm: compile, load, plan
+            static = [fresh(m) for _ in comms]
+            outs, gs = [], []
+            for i, (comm, stream) in enumerate(zip(comms, ranks.streams)):
+                graph = torch.cuda.CUDAGraph()
+                with comm.capture(), torch.cuda.graph(graph, stream=stream):
+                    outs.append(fn(*static[i], *mine[i], norm, comm.handle))
+                gs.append(graph)
+            graphs[m] = (static, outs, gs)
+        for replay in range(3):  # every graph, new data each time, in capture order and back
+            for m in (ms if replay % 2 == 0 else ms[::-1]):
+                static, outs, gs = graphs[m]
+                x, residual = fresh(m)
+                for i in range(len(comms)):
+                    static[i][0].copy_(x)
+                    static[i][1].copy_(residual)
+                    outs[i][0].fill_(float("nan"))
+                torch.cuda.synchronize()
+                ranks.run(lambda i, c: gs[i].replay())
+                for i in range(len(comms)):
+                    check(mode, m, outs[i], reference(x, residual, shards, norm))
+        lines.append(f"{mode}: {len(ms)} graphs (m={ms}) captured, replayed 3 times with new inputs, checked")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tp", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
+    p.add_argument("--m", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--ffn", type=int, default=4096)
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--one-process", action="store_true", help="all ranks in this process on GPU 0")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tp_decode needs a GPU")
+        return 1
+    torch._dynamo.config.cache_size_limit = max(64, 8 * a.tp)  # one compiled variant per (rank, m)
+    max_bytes = max(a.m) * a.hidden * 2
+    if "RANK" in os.environ or (not a.one_process and torch.cuda.device_count() >= a.tp):
+        return _per_gpu(a, max_bytes)
+    comms = Communicator.local_group(a.tp, 0, max_bytes=max_bytes)
+    try:
+        lines = run(comms, a.tp, a.m, a.hidden, a.ffn, a.modes)
+    finally:
+        torch.cuda.synchronize()
+        for c in comms:
+            c.close()
+    print(f"tp_decode: TP={a.tp}, all ranks in one process on GPU 0 (single-GPU emulation), bf16, "
+          f"hidden={a.hidden}, ffn={a.ffn}")
+    print("\n".join("  " + line for line in lines))
+    print("tp_decode: all modes match the single-process reference")
+    return 0
+
+
+def _per_gpu(a, max_bytes: int) -> int:
+    if "RANK" not in os.environ:  # spawn one process per GPU ourselves
+        import torch.multiprocessing as mp
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"))
+        mp.spawn(_spawned, args=(a,), nprocs=a.tp, join=True)
+        return 0
+    _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a, max_bytes)
+    return 0
+
+
+def _spawned(rank: int, a) -> None:
+    _worker(rank, a.tp, a, max(a.m) * a.hidden * 2)
+
+
+def _worker(rank: int, world: int, a, max_bytes: int) -> None:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        with Communicator(max_bytes=max_bytes) as comm:
+            lines = run([comm], world, a.m, a.hidden, a.ffn, a.modes)
+        if rank == 0:
+            print(f"tp_decode: TP={world}, one process per GPU, bf16, hidden={a.hidden}, ffn={a.ffn}")
+            print("\n".join("  " + line for line in lines))
+            print("tp_decode: all modes match the single-process reference")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The reference of shared/DESIGN.md section 1, computed with torch in fp32 / fp64 on any device (tests and examples check against it)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def add_rmsnorm_reference(xs, residual, weight, eps):
+    """xs: the list of per-rank inputs (one for the local op). Returns (ar, residual_out, out)."""
+    dtype = residual.dtype
+    acc = torch.zeros_like(residual, dtype=torch.float32)
+    for x in xs:  # fp32, rank order
+        acc = acc + x.float()
+    ar = acc.to(dtype)
+    residual_out = (ar.float() + residual.float()).to(dtype)
+    ro = residual_out.double()
+    inv_rms = torch.rsqrt(ro.square().mean(dim=-1, keepdim=True) + eps)
+    out = (ro * inv_rms * weight.double()).to(dtype)
+    return ar, residual_out, out
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in units in the last place of a's dtype between two same-dtype tensors (NaN -> huge)."""
+    assert a.dtype == b.dtype
+    int_type = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[a.dtype]
+    ia, ib = a.view(int_type).long(), b.view(int_type).long()
+    bits = 8 * a.element_size()
+    sign = 1 << (bits - 1)
+    # map the sign-magnitude float order onto a monotonic integer line
+    ia = torch.where(ia < 0, -(ia + sign), ia)
+    ib = torch.where(ib < 0, -(ib + sign), ib)
+    d = (ia - ib).abs()
+    nan = torch.isnan(a) | torch.isnan(b)
+    return torch.where(nan, torch.full_like(d, 1 << 40), d)
+
+
+def assert_rmsnorm_matches(xs, residual, weight, eps, out, residual_out):
+    """residual_out bit-exact, out within 1 ulp of T, against add_rmsnorm_reference(xs, ...)."""
+    _, ref_ro, ref_out = add_rmsnorm_reference(xs, residual, weight, eps)
+    assert torch.equal(residual_out, ref_ro), f"residual_out differs in {(residual_out != ref_ro).sum().item()} elements"
+    d = ulp_distance(out, ref_out)
+    assert d.max().item() <= 1, f"out off by {d.max().item()} ulp ({(d > 1).sum().item()} elements > 1 ulp)"
+
+
+def allreduce_reference(xs):
+    acc = torch.zeros_like(xs[0], dtype=torch.float32)
+    for x in xs:
+        acc = acc + x.float()
+    return acc.to(xs[0].dtype)
