@@ -10,7 +10,6 @@ report (no device synchronization): a timeout or mismatch recorded by an earlier
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import os
 import socket
@@ -24,14 +23,13 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block)
 from .launch import function, launch, spec_for
-from .policy import Path, choose_path
+from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from .ops import add_rmsnorm_into
 from .report import pending_exception, read_error_word
 from .runtime import current_runtime
 from .spec import DEFAULT_PACK, DType, KernelSpec
 from .validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows, first_kernel_limit
 
-log = logging.getLogger("fused_ar")
 _ids = itertools.count(1)
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -62,9 +60,11 @@ class Communicator:
         self._device_group = device_group if device_group is not None else group
         try:
             everyone = self._gather_info(group)
-            self._fallback_reason = self._group_reason(everyone)
+            hosts = [info["host"] for info in everyone]
+            self._fallback_reason = group_fallback_reason(hosts, self.world_size, CROSS_GPU_NGPUS)
             if self._fallback_reason is None:
-                self._fallback_reason = self._probe(group, everyone)
+                self._fallback_reason = group_fallback_reason(hosts, self.world_size, CROSS_GPU_NGPUS,
+                                                              self._probe(group, everyone))
             if self._fallback_reason is None:
                 self._allocate()
                 self._connect(group, everyone)
@@ -88,7 +88,7 @@ class Communicator:
         self._group: Any = None
         self._device_group: Any = None
         self._fallback_reason: Optional[str] = None
-        self._logged: set[str] = set()
+        self._fallback_log = FallbackLog(rank)
         self._failure: Optional[FusedArError] = None
         self._ranks_per_device = 1
         self._grid_caps: dict[KernelSpec, int] = {}
@@ -111,18 +111,9 @@ class Communicator:
         self._ranks_per_device = sum(1 for info in everyone if info["device"] == me["device"])
         return everyone
 
-    def _group_reason(self, everyone: list[dict[str, Any]]) -> Optional[str]:
-        """Why the IPC kernels cannot serve this group (the same verdict on every rank), or None."""
-        hosts = sorted({info["host"] for info in everyone})
-        if len(hosts) > 1:
-            return f"the group spans {len(hosts)} nodes ({', '.join(hosts)}); the IPC kernels serve one node"
-        if self.world_size not in CROSS_GPU_NGPUS:
-            return f"a group of {self.world_size} ranks; the IPC kernels take {list(CROSS_GPU_NGPUS)}"
-        return None
-
-    def _probe(self, group: Any, everyone: list[dict[str, Any]]) -> Optional[str]:
+    def _probe(self, group: Any, everyone: list[dict[str, Any]]) -> list[tuple[bool, str]]:
         """Each rank probes the group's GPUs it can see (once per node: the verdict is cached on disk);
-        any failure sends the whole group to the fallback."""
+        every rank gets every verdict."""
         import torch
         import torch.distributed as dist
 
@@ -137,10 +128,7 @@ class Communicator:
             verdict = peer_access(visible)
         verdicts: list[Any] = [None] * self.world_size
         dist.all_gather_object(verdicts, verdict, group=group)
-        for peer, (ok, detail) in enumerate(verdicts):
-            if not ok:
-                return f"peer access does not work on rank {peer}'s GPUs: {detail}"
-        return None
+        return verdicts
 
     def _allocate(self) -> None:
         self._mem = RankMemory.allocate(self._runtime, self.device, self.max_bytes)
@@ -377,10 +365,7 @@ class Communicator:
                 raise InputError(f"x has {nbytes} bytes ({tuple(x.shape)} {x.dtype}), over this communicator's "
                                  f"max_bytes={self.max_bytes}; create it with a larger max_bytes")
             raise InputError(f"path={path!r}: a local group has no device group to fall back on")
-        if why not in self._logged:  # one line per reason, not per call
-            self._logged.add(why)
-            log.warning("fused_ar: rank %d takes the fallback (torch.distributed all_reduce + fused_ar "
-                        "add_rmsnorm): %s", self.rank, why)
+        self._fallback_log.note(why)
         return chosen
 
     def _fallback_allreduce(self, x: Any, out: Any) -> Any:

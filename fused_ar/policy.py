@@ -5,14 +5,16 @@ Pure functions; no devices, no launches.
 
 from __future__ import annotations
 
+import logging
 from enum import Enum
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from . import env
 from .errors import InputError
 from .spec import Platform
 
 KiB = 1024
+log = logging.getLogger("fused_ar")
 
 
 class Path(str, Enum):
@@ -83,3 +85,32 @@ def choose_path(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: 
     if path is Path.AUTO:
         path = Path.TWO_STAGE if use_two_stage(path, platform, ngpus, nbytes) else Path.ONE_STAGE
     return path, None
+
+
+def group_fallback_reason(hosts: Sequence[str], world_size: int, supported: Sequence[int],
+                          probes: Sequence[tuple[bool, str]] = ()) -> Optional[str]:
+    """Why the IPC kernels cannot serve a group at all, from what every rank reported (the same verdict on
+    every rank): its hosts, its size, its ranks' peer-access probes. None if they can."""
+    nodes = sorted(set(hosts))
+    if len(nodes) > 1:
+        return f"the group spans {len(nodes)} nodes ({', '.join(nodes)}); the IPC kernels serve one node"
+    if world_size not in supported:
+        return f"a group of {world_size} ranks; the IPC kernels take {list(supported)}"
+    for rank, (ok, detail) in enumerate(probes):
+        if not ok:
+            return f"peer access does not work on rank {rank}'s GPUs: {detail}"
+    return None
+
+
+class FallbackLog:
+    """One warning per distinct reason per communicator, not one per call."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.seen: set[str] = set()
+
+    def note(self, why: str) -> None:
+        if why not in self.seen:
+            self.seen.add(why)
+            log.warning("fused_ar: rank %d takes the fallback (torch.distributed all_reduce + fused_ar "
+                        "add_rmsnorm): %s", self.rank, why)

@@ -19,7 +19,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from . import env
 from ._version import __version__
@@ -46,11 +46,19 @@ def _key(uuids: Sequence[str]) -> str:
 
 def peer_access(devices: Sequence[int]) -> tuple[bool, str]:
     """(works, detail) for IPC peer access among `devices` (this node's GPUs of a group), probed once."""
-    import filelock
     import torch
 
     devices = sorted(set(int(d) for d in devices))
     key = _key([str(torch.cuda.get_device_properties(d).uuid) for d in devices])
+    return remembered(key, lambda: run_probe(devices), {"devices": devices})
+
+
+def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None) -> tuple[bool, str]:
+    """The verdict stored for `key` under the cache directory, else probe() stored there; one process
+    probes at a time (the others wait on the lock, then read). An unreadable file is probed again; an
+    unwritable cache only means probing again next time."""
+    import filelock
+
     path = env.cache_dir() / "probes" / f"peer_access-{key}.json"
     lock_dir = env.lock_dir()
     lock_dir.mkdir(parents=True, exist_ok=True)
@@ -58,16 +66,16 @@ def peer_access(devices: Sequence[int]) -> tuple[bool, str]:
         try:
             verdict = json.loads(path.read_text())
             return bool(verdict["ok"]), f"{verdict['detail']} (probed earlier, {path})"
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass
-        ok, detail = run_probe(devices)
+        ok, detail = probe()
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({"ok": ok, "detail": detail, "devices": devices}))
+            tmp.write_text(json.dumps({"ok": ok, "detail": detail, **(extra or {})}))
             os.replace(tmp, path)
         except OSError:
-            pass  # an unwritable cache: probe again next time
+            pass
         return ok, detail
 
 
