@@ -47,3 +47,12 @@ def allreduce_reference(xs):
     for x in xs:
         acc = acc + x.float()
     return acc.to(xs[0].dtype)
+
+
+def prime_allocator(device: int = 0, small: int = 64, large_mib: int = 512) -> None:
+    """Fills torch's caching allocator (small and large pools) so later allocations reuse cached memory.
+    Ranks emulated in one process launch from one thread: a fresh cudaMalloc between two ranks' launches
+    can wait for the GPU, where the launched ranks spin for the unlaunched ones."""
+    keep = [torch.empty(512 * 1024, dtype=torch.uint8, device=f"cuda:{device}") for _ in range(small)]
+    keep.append(torch.empty(large_mib << 20, dtype=torch.uint8, device=f"cuda:{device}"))
+    del keep

@@ -18,13 +18,14 @@ import torch
 
 from fused_ar import Communicator, FusedArError, MismatchError, PeerTimeoutError
 from tests.gpu.test_communicator_gpu import check_fused, make_inputs, poisoned, run_ranks
-from tests.reference import add_rmsnorm_reference, allreduce_reference, assert_rmsnorm_matches
+from tests.reference import add_rmsnorm_reference, allreduce_reference, assert_rmsnorm_matches, prime_allocator
 
 pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def local(n, max_bytes=8 << 20):
+    prime_allocator()
     comms = Communicator.local_group(n, device=0, max_bytes=max_bytes)
     return comms, [torch.cuda.Stream() for _ in comms]
 
@@ -45,7 +46,10 @@ def test_graphs_of_three_batch_sizes_replay_bit_exact(n_ranks):
         graphs = {}
         for m in (1, 16, 128):  # warm every kernel first: nothing compiles or loads during capture
             xs, residual, _ = make_inputs(n_ranks, m, n, dtype, seed=m)
-            run_ranks(group, lambda r, c: (c.allreduce_rmsnorm(xs[r], residual, weight), c.allreduce(xs[r])))
+            bufs = [(poisoned(residual), poisoned(residual), poisoned(residual)) for _ in comms]
+            run_ranks(group, lambda r, c: (c.allreduce_rmsnorm(xs[r], residual, weight, out=bufs[r][0],
+                                                                residual_out=bufs[r][1]),
+                                           c.allreduce(xs[r], out=bufs[r][2])))
         with ExitStack() as stack:
             for c in comms:
                 stack.enter_context(c.capture())
@@ -83,7 +87,7 @@ def test_replay_before_registration_raises_instead_of_reading():
     comms, streams = group
     try:
         xs, residual, weight = make_inputs(2, 4, 4096, torch.bfloat16, seed=3)
-        run_ranks(group, lambda r, c: c.allreduce_rmsnorm(xs[r], residual, weight))
+        check_fused(group, xs, residual, weight, "auto")
         gs, outs = [], []
         for r, (c, s) in enumerate(zip(comms, streams)):
             g = torch.cuda.CUDAGraph()
@@ -110,7 +114,7 @@ def test_rank_that_never_calls_times_out_and_a_new_communicator_works(monkeypatc
     comms, streams = group
     try:
         xs, residual, weight = make_inputs(4, 8, 4096, torch.bfloat16, seed=5)
-        run_ranks(group, lambda r, c: c.allreduce_rmsnorm(xs[r], residual, weight))  # healthy first
+        check_fused(group, xs, residual, weight, "auto")  # healthy first
         outs = [poisoned(residual) for _ in range(3)]
         start = time.monotonic()
         for r in range(3):  # rank 3 never calls
@@ -158,7 +162,9 @@ def test_ranks_with_different_m_raise_mismatch_everywhere(monkeypatch, path):
         close(group)
 
 
-def test_custom_ops_eager_and_compiled():
+def test_custom_ops_eager_and_compiled(monkeypatch):
+    # rank 1 compiles its variant (the handle is a constant) while rank 0's first kernel waits for it
+    monkeypatch.setenv("FUSED_AR_TIMEOUT_S", "120")
     group = local(2)
     comms, _ = group
     try:
@@ -234,7 +240,7 @@ def test_fallback_through_torch_distributed(tmp_path, world):
 def test_tp_decode_example_every_mode(tp):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tp_decode.py"), "--tp", str(tp),
                            "--one-process"], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          env=dict(os.environ, PYTHONPATH=ROOT, FUSED_AR_TIMEOUT_S="120"))
     assert done.returncode == 0, done.stdout + done.stderr
     for mode in ("eager", "graph", "compiled"):
         assert f"{mode}:" in done.stdout, done.stdout
