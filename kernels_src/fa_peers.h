@@ -15,6 +15,7 @@
 #ifndef FA_CHECKS
 #define FA_CHECKS 1
 #endif
+#define FA_CHECK_SPINS 64
 
 // What a call is, as every rank publishes it with its start flag (FA_DESC_WORDS words): op and dtype
 // codes and the grid, rows, cols. Ranks that disagree stop before touching any data
@@ -134,25 +135,28 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
     const fa_u32 flag = b.state->flag;
     fa_signal_t* peer = b.peers->signal[t];
     fa_signal_t* own = b.peers->signal[b.rank];
+#if FA_CHECKS
     if (phase == FA_PHASE_START) {
 #pragma unroll
       for (int i = 0; i < FA_DESC_WORDS; ++i) fa_store_relaxed_sys(&peer->desc[block][b.rank][i], fa_desc(b, i));
     }
+#endif
     // Tell rank t that this block reached `phase`, releasing this block's writes to rank t.
     fa_store_release_sys(&peer->flags[phase][block][b.rank], flag);
     const fa_u32* arrived = &own->flags[phase][block][t];
     // Acquire rank t's writes made before it reached `phase`; bounded, never a hang.
-    // The clock starts at the 8th poll, so a peer that is already there costs no timer read.
+    // Checked every FA_CHECK_SPINS polls: a peer that is already there costs nothing, and a long wait
+    // (ranks sharing one GPU spin a lot) adds one load and one timer read per FA_CHECK_SPINS polls.
     fa_u64 deadline_ns = 0;
     for (fa_u32 spins = 0; fa_load_acquire_sys(arrived) != flag; ++spins) {
 #if FA_CHECKS
-      if (spins % 8 == 7) {  // every 8th spin: the common path sees its peer within a few polls
+      if (spins % FA_CHECK_SPINS == FA_CHECK_SPINS - 1) {
         if (fa_load_relaxed_sys(&own->error) != 0u) {
           b.state->failed = 1;
           break;
         }
         const fa_u64 now = fa_timer_ns();
-        if (spins == 7) deadline_ns = now + (fa_u64)b.state->timeout_ns;
+        if (spins == FA_CHECK_SPINS - 1) deadline_ns = now + (fa_u64)b.state->timeout_ns;
         if (now > deadline_ns) {
           fa_record(b, FA_ERROR_TIMEOUT | ((fa_u32)block << 12) | ((fa_u32)phase << 8) | (fa_u32)t, nullptr, t);
           break;
