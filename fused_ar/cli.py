@@ -27,6 +27,15 @@ def _csv(kind):
     return parse
 
 
+def _paths(text: str) -> list[str]:
+    from .bench.paths import parse_paths
+
+    try:
+        return parse_paths(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _default_arch() -> Optional[str]:
     """The arch of GPU 0 when one is visible, else None (then --arch is required)."""
     try:
@@ -189,9 +198,50 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench_local import bench_add_rmsnorm
+    if args.what == "add_rmsnorm":
+        from .bench.add_rmsnorm import bench_add_rmsnorm
 
-    return bench_add_rmsnorm(args)
+        if len(args.dtype) != 1:
+            raise FusedArError(f"bench add_rmsnorm takes one --dtype, not {[d.value for d in args.dtype]}")
+        return bench_add_rmsnorm(argparse.Namespace(
+            dtype=args.dtype[0], hidden=args.hidden or [4096, 8192], out=args.out, sweep_blocks=args.sweep_blocks,
+            m=args.m or [1, 4, 16, 64, 256, 1024, 4096, 16384]))
+    from .bench.paths import DEFAULT_PATHS
+    from .bench.sweep import run_sweep
+
+    args.paths = args.paths or list(DEFAULT_PATHS)
+    args.hidden = args.hidden or list(BENCH_HIDDEN)
+    args.m = args.m or list(BENCH_M)
+    args.out = args.out or "fused_ar_bench"
+    return run_sweep(args)
+
+
+BENCH_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BENCH_HIDDEN = (4096, 7168, 8192)
+
+
+def _sizes(text: str) -> list[int]:
+    """'1,2,4', '1..1024' (doubling), '64..512:64' (a step), or a mix: sorted, without repeats."""
+    sizes: set[int] = set()
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            if ".." not in part:
+                sizes.add(int(part))
+                continue
+            low, _, rest = part.partition("..")
+            high, _, step = rest.partition(":")
+            a, b = int(low), int(high)
+            if a < 1 or b < a or (step and int(step) < 1):
+                raise ValueError(f"{part!r}: a range is LOW..HIGH or LOW..HIGH:STEP with 1 <= LOW <= HIGH")
+            value = a
+            while value <= b:
+                sizes.add(value)
+                value = value + int(step) if step else value * 2
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"{text!r} names no size")
+    return sorted(sizes)
 
 
 # -- parser -------------------------------------------------------------------------------------------
@@ -230,19 +280,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=8192)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("bench", help="benchmarks on the GPU")
-    p.add_argument("what", choices=["add_rmsnorm"])
-    p.add_argument("--dtype", type=DType.parse, default=DType.BF16)
-    p.add_argument("--hidden", type=_csv(int), default=[4096, 8192])
-    p.add_argument("--m", type=_csv(int), default=[1, 4, 16, 64, 256, 1024, 4096, 16384])
-    p.add_argument("--out", default=None, help="write the Markdown table and JSON here")
-    p.add_argument("--sweep-blocks", action="store_true", help="also time every block size at a few m")
+    p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, or the local add_rmsnorm")
+    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm"], default="allreduce_rmsnorm")
+    p.add_argument("--tp", type=_csv(int), default=[2, 4, 8], help="group sizes (default 2,4,8)")
+    p.add_argument("--m", type=_sizes, default=None,
+                   help=f"rows: a list and/or ranges, e.g. 1,2,4 or 1..1024 (doubling) or 64..512:64 (default "
+                        f"{','.join(map(str, BENCH_M))})")
+    p.add_argument("--hidden", type=_csv(int), default=None, help="default 4096,7168,8192")
+    p.add_argument("--dtype", type=_csv(DType.parse), default=[DType.BF16])
+    p.add_argument("--paths", type=_paths, default=None, help="comma-separated (default: all)")
+    p.add_argument("--graph-calls", type=int, default=2000, help="op calls captured per graph (default 2000)")
+    p.add_argument("--replays", type=int, default=80, help="timed replays per path and shape (default 80)")
+    p.add_argument("--out", default=None, help="output directory (default ./fused_ar_bench)")
+    p.add_argument("--write-thresholds", action="store_true",
+                   help="store the measured crossovers in the cache directory for the communicator's auto path")
+    p.add_argument("--one-process", action="store_true", help="emulate every TP on GPU 0 even with several GPUs")
+    p.add_argument("--sweep-blocks", action="store_true", help="add_rmsnorm: also time every block size")
     p.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
     try:
         return args.func(args)
     except FusedArError as exc:

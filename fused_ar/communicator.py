@@ -22,12 +22,14 @@ from .graphs import GraphBuffers, LocalHub
 from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block)
-from .launch import function, launch, spec_for
+from .launch import arch_of, function, launch, spec_for
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from .ops import add_rmsnorm_into
 from .report import pending_exception, read_error_word
 from .runtime import current_runtime
 from .spec import DEFAULT_PACK, DType, KernelSpec
+from .thresholds import SizeRule, Thresholds
+from .thresholds import load as load_thresholds
 from .validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows, first_kernel_limit
 
 _ids = itertools.count(1)
@@ -89,6 +91,7 @@ class Communicator:
         self._device_group: Any = None
         self._fallback_reason: Optional[str] = None
         self._fallback_log = FallbackLog(rank)
+        self._thresholds: Optional[Thresholds] = None
         self._failure: Optional[FusedArError] = None
         self._ranks_per_device = 1
         self._grid_caps: dict[KernelSpec, int] = {}
@@ -100,10 +103,15 @@ class Communicator:
         import torch
         import torch.distributed as dist
 
+        stored = load_thresholds(arch_of(self.device), self.world_size)
         me = {"max_bytes": self.max_bytes, "host": socket.gethostname(), "pid": os.getpid(),
-              "device": str(torch.cuda.get_device_properties(self.device).uuid)}
+              "device": str(torch.cuda.get_device_properties(self.device).uuid),
+              "thresholds": stored.to_dict() if stored is not None else None}
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, me, group=group)
+        # Rank 0's measured thresholds serve every rank: the path must be the same on all of them.
+        if everyone[0]["thresholds"] is not None:
+            self._thresholds = Thresholds.from_dict(everyone[0]["thresholds"])
         for peer, info in enumerate(everyone):
             if info["max_bytes"] != me["max_bytes"]:
                 raise InputError(f"rank {peer} has max_bytes={info['max_bytes']}, rank {self.rank} "
@@ -164,6 +172,7 @@ class Communicator:
             raise InputError(f"local_group({world_size}): the cross-GPU kernels take {list(CROSS_GPU_NGPUS)} ranks")
         device = torch.cuda.current_device() if device is None else int(device)
         hub = LocalHub(world_size)
+        stored = load_thresholds(arch_of(device), world_size)
         comms: list[Communicator] = []
         try:
             for rank in range(world_size):
@@ -171,6 +180,7 @@ class Communicator:
                 comm._init_fields(rank, world_size, device, max_bytes)
                 comm._ranks_per_device = world_size
                 comm._hub = hub
+                comm._thresholds = stored
                 comms.append(comm)
                 comm._allocate()
             mems = [c._mem for c in comms]
@@ -297,7 +307,7 @@ class Communicator:
         outputs = {k: v for k, v in (("out", out), ("residual_out", residual_out)) if v is not None}
         self._check_device(**inputs, **outputs)
         unsupported = first_kernel_limit({**inputs, **outputs})
-        chosen = self._choose(path, x, unsupported)
+        chosen = self._choose(path, x, unsupported, self.size_rule(shape.dtype, shape.cols))
         out = torch.empty_like(x) if out is None else out
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
         if x.numel() == 0:
@@ -352,10 +362,16 @@ class Communicator:
                         self.world_size)
 
     # -- the fallback -------------------------------------------------------------------------------------
-    def _choose(self, path: str, x: Any, unsupported: Optional[str]) -> Path:
+    def size_rule(self, dtype: Any, hidden: int) -> SizeRule:
+        """The measured thresholds `auto` follows for allreduce_rmsnorm of this dtype and hidden size
+        (rank 0's thresholds file, fused_ar.thresholds), or an empty rule: the built-in table serves."""
+        return self._thresholds.rule(DType.parse(dtype), hidden) if self._thresholds is not None else SizeRule()
+
+    def _choose(self, path: str, x: Any, unsupported: Optional[str], rule: SizeRule = SizeRule()) -> Path:
         nbytes = x.numel() * x.element_size()
         chosen, why = choose_path(path, self._runtime.platform, self.world_size, nbytes, self.max_bytes,
-                                  group_reason=self._fallback_reason, unsupported=unsupported)
+                                  group_reason=self._fallback_reason, unsupported=unsupported, rule=rule,
+                                  can_fall_back=self._device_group is not None)
         if chosen is not Path.FALLBACK:
             return chosen
         if self._device_group is None:  # a local group: nothing to fall back on

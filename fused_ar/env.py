@@ -79,8 +79,14 @@ ONE_STAGE: EnvVar[bool] = EnvVar(
     "Force the one-stage (1) or two-stage (0) kernels on the `auto` path.",
 )
 ONE_STAGE_MAX_BYTES: EnvVar[int] = EnvVar(
-    "FUSED_AR_1STAGE_MAX_BYTES", _bytes, None, "the table in `fused_ar/policy.py`",
+    "FUSED_AR_1STAGE_MAX_BYTES", _bytes, None,
+    "the stored thresholds (`bench --write-thresholds`), else the table in `fused_ar/policy.py`",
     "Largest input (bytes per rank) the `auto` path sends through the one-stage kernels.",
+)
+FALLBACK_MIN_BYTES: EnvVar[int] = EnvVar(
+    "FUSED_AR_FALLBACK_MIN_BYTES", _bytes, None, "the stored thresholds (`bench --write-thresholds`), else never",
+    "Inputs (bytes per rank) at or over this size take the fallback on the `auto` path, where the group has a "
+    "device group; 0 turns the size rule off.",
 )
 TIMEOUT_S: EnvVar[float] = EnvVar(
     "FUSED_AR_TIMEOUT_S", _positive_float, 30.0, "30",
@@ -99,7 +105,7 @@ XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
 )
 
 VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
-                                 TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
+                                 FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
 
 
 def cache_dir() -> Path:

@@ -1,6 +1,6 @@
-"""Which path a call takes: the one-stage/two-stage byte thresholds, with their origins, the environment
-overrides, and the rules that send a call to the fallback (torch.distributed all-reduce + our add_rmsnorm).
-Pure functions; no devices, no launches.
+"""Which path a call takes: the one-stage/two-stage byte thresholds, with their origins, the measured rules
+that replace them (fused_ar.thresholds), the environment overrides, and the rules that send a call to the
+fallback (torch.distributed all-reduce + our add_rmsnorm). Pure functions; no devices, no launches.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 from . import env
 from .errors import InputError
 from .spec import Platform
+from .thresholds import SizeRule
 
 KiB = 1024
 log = logging.getLogger("fused_ar")
@@ -41,9 +42,22 @@ ONE_STAGE_MAX_BYTES: dict[tuple[Platform, int], int] = {
 }
 
 
-def one_stage_max_bytes(platform: Platform, ngpus: int) -> int:
+def one_stage_max_bytes(platform: Platform, ngpus: int, rule: SizeRule = SizeRule()) -> int:
+    """The environment, else the measured rule (fused_ar.thresholds), else the built-in table."""
     override = env.ONE_STAGE_MAX_BYTES.get()
-    return override if override is not None else ONE_STAGE_MAX_BYTES[(platform, ngpus)]
+    if override is not None:
+        return override
+    if rule.one_stage_max_bytes is not None:
+        return rule.one_stage_max_bytes
+    return ONE_STAGE_MAX_BYTES[(platform, ngpus)]
+
+
+def fallback_min_bytes(rule: SizeRule = SizeRule()) -> Optional[int]:
+    """From which input size `auto` takes the fallback: the environment (0: never), else the measured rule."""
+    override = env.FALLBACK_MIN_BYTES.get()
+    if override is not None:
+        return override or None
+    return rule.fallback_min_bytes
 
 
 def parse_path(path: Union[str, Path]) -> Path:
@@ -53,7 +67,8 @@ def parse_path(path: Union[str, Path]) -> Path:
         raise InputError(f"path={path!r}: must be one of {[p.value for p in Path]}") from None
 
 
-def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int) -> bool:
+def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int,
+                  rule: SizeRule = SizeRule()) -> bool:
     """True for the two-stage kernels. `path` forces one; `auto` follows FUSED_AR_1STAGE, else the size."""
     path = parse_path(path)
     if path is Path.FALLBACK:
@@ -65,25 +80,32 @@ def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes
     forced = env.ONE_STAGE.get()
     if forced is not None:
         return not forced
-    return nbytes > one_stage_max_bytes(platform, ngpus)
+    return nbytes > one_stage_max_bytes(platform, ngpus, rule)
 
 
 def choose_path(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int, max_bytes: int, *,
-                group_reason: Optional[str] = None, unsupported: Optional[str] = None) -> tuple[Path, Optional[str]]:
+                group_reason: Optional[str] = None, unsupported: Optional[str] = None,
+                rule: SizeRule = SizeRule(), can_fall_back: bool = True) -> tuple[Path, Optional[str]]:
     """(path, why it is the fallback or None). The fallback serves what the kernels cannot: a group the IPC
     kernels cannot span (`group_reason`: several nodes, no working peer access), a shape they do not take
-    (`unsupported`), an input over the registered buffer; and `path='fallback'` asks for it. A forced
-    1stage/2stage is kept otherwise."""
+    (`unsupported`), an input over the registered buffer; and `path='fallback'` asks for it. On `auto`, an
+    input at or over the measured fallback size (`rule`, where `can_fall_back`) takes it too, unless
+    FUSED_AR_1STAGE names a kernel. A forced 1stage/2stage is kept otherwise."""
     path = parse_path(path)
     if path is Path.FALLBACK:
         return path, "path='fallback' was asked for"
     why = group_reason or unsupported
     if why is None and nbytes > max_bytes:
         why = f"x has {nbytes} bytes, over this communicator's max_bytes={max_bytes}"
+    if why is None and path is Path.AUTO and can_fall_back and env.ONE_STAGE.get() is None:
+        from_bytes = fallback_min_bytes(rule)
+        if from_bytes is not None and nbytes >= from_bytes:
+            why = (f"inputs of {from_bytes} bytes and more are faster through the collective (measured "
+                   "thresholds or FUSED_AR_FALLBACK_MIN_BYTES)")
     if why is not None:
         return Path.FALLBACK, why
     if path is Path.AUTO:
-        path = Path.TWO_STAGE if use_two_stage(path, platform, ngpus, nbytes) else Path.ONE_STAGE
+        path = Path.TWO_STAGE if use_two_stage(path, platform, ngpus, nbytes, rule) else Path.ONE_STAGE
     return path, None
 
 

@@ -64,11 +64,11 @@ def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
 
 def _compile_cost(dtype: Any) -> dict[str, float]:
     """Seconds from nothing to a launchable function: cold (empty cache dir) and from the disk cache."""
-    from .cache import KernelCache, default_cache
-    from .kernels import add_rmsnorm_block
-    from .launch import spec_for
-    from .runtime import current_runtime
-    from .spec import DType, Op
+    from ..cache import KernelCache, default_cache
+    from ..kernels import add_rmsnorm_block
+    from ..launch import spec_for
+    from ..runtime import current_runtime
+    from ..spec import DType, Op
 
     spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, add_rmsnorm_block(512))
     base = default_cache()
@@ -91,9 +91,9 @@ def _compile_cost(dtype: Any) -> dict[str, float]:
 
 def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[tuple[int, int, int, float]]:
     """Every block size at a few m: the data behind the policy in kernels.add_rmsnorm_block."""
-    from .launch import launch, spec_for
-    from .ops import MAX_GRID_BLOCKS
-    from .spec import BLOCK_SIZES, DType, Op
+    from ..launch import launch, spec_for
+    from ..ops import MAX_GRID_BLOCKS
+    from ..spec import BLOCK_SIZES, DType, Op
 
     results = []
     for n in hidden:
@@ -117,8 +117,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
-    from .kernels import add_rmsnorm_block
-    from .ops import add_rmsnorm
+    from ..kernels import add_rmsnorm_block
+    from ..ops import add_rmsnorm
 
     if not torch.cuda.is_available():
         print("bench add_rmsnorm needs a GPU")
