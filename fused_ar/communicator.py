@@ -21,8 +21,8 @@ from .errors import FusedArError, InputError, UnsupportedShapeError
 from .graphs import GraphBuffers, LocalHub
 from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
-                      CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block)
-from .launch import arch_of, function, launch, spec_for
+                      CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
+from .launch import arch_of, function, launch, preload, spec_for
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from .ops import add_rmsnorm_into
 from .report import pending_exception, read_error_word
@@ -164,13 +164,17 @@ class Communicator:
         streams share a hardware queue (the default 8 can serialize one rank behind another's spin), and
         create every output (out=, residual_out=) before the first rank's call: one thread launches all
         ranks, so a host call that waits on the GPU between two ranks' launches (a fresh device allocation
-        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S. A local group has no device
-        group: calls the IPC kernels cannot serve raise InputError instead of taking the fallback."""
+        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S. Loading a kernel is such a call
+        (it waits for the whole device): the group loads every cross-GPU kernel of its size and every
+        add_rmsnorm kernel here, before any rank can launch (compiling the ones not in the disk cache;
+        `python -m fused_ar warm` ahead makes this quick). A local group has no device group: calls the
+        IPC kernels cannot serve raise InputError instead of taking the fallback."""
         import torch
 
         if world_size not in CROSS_GPU_NGPUS:
             raise InputError(f"local_group({world_size}): the cross-GPU kernels take {list(CROSS_GPU_NGPUS)} ranks")
         device = torch.cuda.current_device() if device is None else int(device)
+        preload(warm_matrix([arch_of(device)], list(DType), [1, world_size]), device)
         hub = LocalHub(world_size)
         stored = load_thresholds(arch_of(device), world_size)
         comms: list[Communicator] = []

@@ -7,7 +7,7 @@ disk are touched only on a process's first use of a spec.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from .cache import default_cache
 from .kernels import kernel_def
@@ -43,6 +43,18 @@ def function(spec: KernelSpec, device: int) -> Any:
         kernel = default_cache().get(spec).kernel
         fn = _functions[(spec, device)] = current_runtime().load(kernel, spec.kernel_name, device)
     return fn
+
+
+def preload(specs: Iterable[KernelSpec], device: int) -> int:
+    """Loads every spec's function now (compiling or reading the disk cache); returns how many. Loading
+    waits for the whole device, so whoever launches ranks that spin for each other from one thread must
+    load first: a load between two ranks' launches would wait on the launched rank, which waits on the
+    unlaunched one, until FUSED_AR_TIMEOUT_S."""
+    count = 0
+    for spec in specs:
+        function(spec, device)
+        count += 1
+    return count
 
 
 def launch(spec: KernelSpec, device: int, grid: int, args: Sequence[Any], stream: Optional[int] = None) -> None:
