@@ -19,4 +19,4 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[cuda,rocm,test]"
+.venv/bin/python -m pip install -q -e ".[cuda,rocm,bench,test]"

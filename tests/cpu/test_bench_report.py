@@ -1,0 +1,213 @@
+"""The benchmark's outputs from synthetic timings (no GPU): tables in the seed's shape, CSV and JSON of every
+raw number, CDF plots, crossovers found where they were planted, the thresholds file's round trip and
+its use by the auto path, and the command line's size ranges."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import random
+
+import pytest
+
+from fused_ar import thresholds
+from fused_ar.bench import report
+from fused_ar.bench.paths import DEFAULT_PATHS, PAIRS, parse_paths
+from fused_ar.bench.results import Point, Run
+from fused_ar.bench.sweep import Sweep, plan
+from fused_ar.cli import _sizes, build_parser
+from fused_ar.errors import InputError
+from fused_ar.policy import Path, choose_path, fallback_min_bytes, one_stage_max_bytes
+from fused_ar.spec import DType, Platform
+from fused_ar.thresholds import SizeRule, Thresholds
+
+MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+HIDDEN = 4096
+
+
+def model_us(path: str, m: int) -> float:
+    """Latencies with known crossovers: 2stage beats 1stage from m=64, the fallback beats both from 512."""
+    one, two, fallback = 5 + 0.12 * m, 9 + 0.05 * m, 20 + 0.015 * m
+    return {"fused_1stage": one, "fused_2stage": two, "fused_auto": min(one, two), "fallback": fallback,
+            "nccl_torch": fallback + 4, "unfused_ours": one + 3}[path]
+
+
+def synthetic_run(tp: int = 8, emulated: bool = False, replays: int = 6, ranks: int = 8) -> Run:
+    rng = random.Random(tp)
+    run = Run(f"python -m fused_ar bench --tp {tp}", {"gpus": ["test GPU"]},
+              {tp: "single-GPU emulation" if emulated else f"{tp} GPUs, one process each"}, {tp: emulated})
+    for m in MS:
+        run.floors_us[f"{tp},{HIDDEN},bf16,{m}"] = 0.01 * m
+        for path in ("fused_1stage", "fused_2stage", "fused_auto", "unfused_ours", "nccl_torch", "fallback"):
+            base = model_us(path, m)
+            # every rank's replays a little above the model; the slowest rank defines the point
+            times = tuple(tuple(base * (1 + 0.002 * r + 0.01 * rng.random()) for _ in range(replays))
+                          for r in range(ranks))
+            run.add(Point(tp, HIDDEN, "bf16", m, path, 2000, times))
+    run.skip(tp, "flashinfer", "flashinfer is not importable here")
+    return run
+
+
+def test_statistics_are_min_per_rank_then_max_across_ranks():
+    p = Point(2, 4096, "bf16", 1, "fused_auto", 10, ((3.0, 1.0, 2.0), (4.0, 2.5, 9.0)))
+    assert p.best_us == 2.5 and p.median_us == 4.0 and p.per_replay_us == [4.0, 2.5, 9.0]
+    assert p.nbytes == 4096 * 2
+    with pytest.raises(ValueError, match="no replay times"):
+        Point(2, 4096, "bf16", 1, "fused_auto", 10, ((),))
+
+
+def test_crossovers_found_where_planted_and_noise_below_a_loss_ignored():
+    (found,) = report.crossovers(synthetic_run())
+    assert (found.two_stage_from_m, found.fallback_from_m) == (64, 512)
+    rule = found.rule(2)
+    assert rule == SizeRule(one_stage_max_bytes=32 * HIDDEN * 2, fallback_min_bytes=512 * HIDDEN * 2)
+    # a single early win followed by losses is not a crossover
+    assert report.first_winning_m([1, 2, 4, 8], {1: 5, 2: 5, 4: 5, 8: 5}, {1: 4, 2: 6, 4: 4, 8: 4}) == 4
+    assert report.first_winning_m([1, 2], {1: 5, 2: 5}, {1: 4, 2: 6}) is None
+
+
+def test_crossover_edges_never_always_and_unmeasured():
+    run = Run("x", modes={2: "m"}, emulated={2: True})
+    for m in (1, 8, 64):
+        for path, t in (("fused_1stage", 1.0), ("fused_2stage", 2.0)):
+            run.add(Point(2, 1024, "fp16", m, path, 10, ((t,),)))
+    (found,) = report.crossovers(run)
+    assert found.two_stage_from_m is None and not found.fallback_measured
+    assert found.rule(2) == SizeRule(one_stage_max_bytes=64 * 1024 * 2, fallback_min_bytes=None)
+    run2 = Run("x", modes={2: "m"})
+    for m in (1, 8):
+        for path, t in (("fused_1stage", 3.0), ("fused_2stage", 2.0)):
+            run2.add(Point(2, 1024, "fp16", m, path, 10, ((t,),)))
+    assert report.crossovers(run2)[0].rule(2).one_stage_max_bytes == 0
+
+
+def test_markdown_has_the_seed_shape_and_names_emulation_and_skips():
+    text = report.markdown(synthetic_run(emulated=True), 8)
+    assert "**Single-GPU emulation**" in text
+    header = next(line for line in text.splitlines() if "base_us" in line)
+    assert header.startswith("| m | nccl_torch base_us | fused_auto opt_us | speedup | unfused_ours base_us")
+    assert "fused_1stage base_us | fused_2stage opt_us | speedup |" in header
+    row = next(line for line in text.splitlines() if line.startswith("| 1 | 0.01 |"))
+    assert row.split(" | ")[2].startswith("5.")  # fused_1stage at m=1: the model's 5.12 plus rank noise
+    assert "`flashinfer`: flashinfer is not importable here" in text
+    assert text.count("| 1024 |") == 2  # the times table and the pairs table
+
+
+def test_write_all_outputs_every_file_with_every_raw_number(tmp_path):
+    run = synthetic_run(replays=4, ranks=8)
+    files = report.write_all(run, tmp_path)
+    names = {f.name for f in files}
+    assert {"results.json", "tp8.md", "summary.csv", "raw.csv", f"cdf_tp8_h{HIDDEN}_bf16.png"} <= names
+    png = tmp_path / f"cdf_tp8_h{HIDDEN}_bf16.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    raw = list(csv.DictReader(open(tmp_path / "raw.csv")))
+    assert len(raw) == len(run.points) * 8 * 4
+    summary = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert len(summary) == len(run.points) and float(summary[0]["best_us"]) == pytest.approx(run.points[0].best_us, 1e-3)
+    again = Run.load(tmp_path / "results.json")
+    assert [p.per_rank_us for p in again.points] == [p.per_rank_us for p in run.points]
+    assert again.skips == run.skips and again.environment == run.environment and again.emulated == run.emulated
+    assert json.loads((tmp_path / "results.json").read_text())["points"][0]["best_us"] == run.points[0].best_us
+
+
+def test_summary_fits_one_screen_and_names_crossovers():
+    run = synthetic_run()
+    text = report.summary(run, report.crossovers(run))
+    assert "2stage beats 1stage from m=64" in text and "fallback beats the kernels from m=512" in text
+    assert "fused_auto vs nccl_torch: m=1" in text and "skipped flashinfer" in text
+    assert len(text.splitlines()) <= 25
+
+
+def test_pairs_and_paths_are_known():
+    assert all(b in DEFAULT_PATHS and c in DEFAULT_PATHS for b, c in PAIRS)
+    assert parse_paths("fused_auto,nccl_torch") == ["fused_auto", "nccl_torch"]
+    with pytest.raises(ValueError, match="unknown path"):
+        parse_paths("fused_auto,nvls")
+
+
+# -- thresholds: file round trip, and what auto does with them ------------------------------------------
+def test_thresholds_round_trip_and_bad_files_are_ignored(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FUSED_AR_CACHE_DIR", str(tmp_path))
+    run = synthetic_run()
+    written = thresholds.write(report.thresholds_for(run, "sm_90", 8))
+    assert written == tmp_path / "thresholds" / "sm_90-tp8.json"
+    loaded = thresholds.load("sm_90", 8)
+    assert loaded.rule(DType.BF16, HIDDEN) == SizeRule(32 * HIDDEN * 2, 512 * HIDDEN * 2)
+    assert loaded.rule(DType.BF16, 8192) == SizeRule() and loaded.source == run.command
+    assert thresholds.load("sm_90", 4) is None
+    for bad in ("{torn", json.dumps({"version": 99}), json.dumps(dict(loaded.to_dict(), ngpus=4)),
+                json.dumps(dict(loaded.to_dict(), rules={"bf16:4096": {"one_stage_max_bytes": -5}}))):
+        written.write_text(bad)
+        with caplog.at_level(logging.WARNING, logger="fused_ar"):
+            assert thresholds.load("sm_90", 8) is None
+        assert "built-in thresholds serve" in caplog.text
+        caplog.clear()
+
+
+def test_auto_follows_stored_thresholds_and_the_environment_overrides(monkeypatch):
+    monkeypatch.delenv("FUSED_AR_1STAGE", raising=False)
+    rule = SizeRule(one_stage_max_bytes=64 * 1024, fallback_min_bytes=4 << 20)
+    big = 64 << 20
+
+    def auto(nbytes, **kw):
+        return choose_path("auto", Platform.CUDA, 8, nbytes, big, rule=rule, **kw)[0]
+    assert auto(64 * 1024) is Path.ONE_STAGE and auto(64 * 1024 + 16) is Path.TWO_STAGE
+    assert auto(4 << 20) is Path.FALLBACK and auto((4 << 20) - 16) is Path.TWO_STAGE
+    assert auto(4 << 20, can_fall_back=False) is Path.TWO_STAGE  # a local group: no collective
+    why = choose_path("auto", Platform.CUDA, 8, 8 << 20, big, rule=rule)[1]
+    assert "faster through the collective" in why and str(4 << 20) in why
+    # forced kernels ignore the measured fallback size
+    assert choose_path("2stage", Platform.CUDA, 8, 8 << 20, big, rule=rule)[0] is Path.TWO_STAGE
+    # without a rule, the built-in table and no size fallback
+    assert one_stage_max_bytes(Platform.CUDA, 8) == 512 * 1024 and fallback_min_bytes() is None
+    monkeypatch.setenv("FUSED_AR_1STAGE_MAX_BYTES", "1024")
+    assert one_stage_max_bytes(Platform.CUDA, 8, rule) == 1024
+    monkeypatch.setenv("FUSED_AR_FALLBACK_MIN_BYTES", "0")
+    assert fallback_min_bytes(rule) is None and auto(8 << 20) is Path.TWO_STAGE
+    monkeypatch.setenv("FUSED_AR_FALLBACK_MIN_BYTES", "2048")
+    assert auto(2048) is Path.FALLBACK
+    monkeypatch.setenv("FUSED_AR_1STAGE", "1")  # names a kernel: no size fallback
+    assert auto(8 << 20) is Path.ONE_STAGE
+
+
+# -- the command line -------------------------------------------------------------------------------------
+def test_size_lists_and_ranges():
+    assert _sizes("1..1024") == list(MS)
+    assert _sizes("64..256:64,3,3") == [3, 64, 128, 192, 256]
+    for bad in ("0..4", "8..4", "1..8:0", "x", ","):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _sizes(bad)
+
+
+def test_bench_arguments_and_plan():
+    args = build_parser().parse_args(["bench", "--tp", "2,8", "--m", "1..8", "--paths", "fused_auto,nccl_torch",
+                                      "--graph-calls", "100", "--replays", "5"])
+    assert (args.what, args.tp, args.m, args.paths, args.graph_calls) == (
+        "allreduce_rmsnorm", [2, 8], [1, 2, 4, 8], ["fused_auto", "nccl_torch"], 100)
+    assert build_parser().parse_args(["bench", "add_rmsnorm"]).what == "add_rmsnorm"
+    sweep = Sweep((2, 4, 8), (1,), (4096,), ("bf16",), ("fused_auto",), 10, 2, "cmd")
+    assert plan(sweep, 1, False) == {2: True, 4: True, 8: True}
+    assert plan(sweep, 4, False) == {2: False, 4: False, 8: None}
+    assert plan(sweep, 8, True) == {2: True, 4: True, 8: True}
+    with pytest.raises(InputError, match="--graph-calls 0"):
+        Sweep((2,), (1,), (4096,), ("bf16",), ("fused_auto",), 0, 2, "cmd").check()
+    with pytest.raises(InputError, match=r"\[0\]"):
+        Sweep((2,), (0,), (4096,), ("bf16",), ("fused_auto",), 10, 2, "cmd").check()
+
+
+def test_bench_without_a_gpu_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from fused_ar.cli import main
+
+    assert main(["bench", "--tp", "2", "--m", "1", "--hidden", "4096", "--out", "unused"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_thresholds_key_is_dtype_and_hidden():
+    t = Thresholds("gfx942", 4, {Thresholds.key("bfloat16", 7168): SizeRule(1, 2)})
+    assert t.rule(DType.BF16, 7168) == SizeRule(1, 2) and t.rule(DType.FP16, 7168) == SizeRule()
