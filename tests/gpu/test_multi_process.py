@@ -1,0 +1,167 @@
+"""The communicator with one process per rank: rank r on GPU r % device_count, so the same tests run one
+process per GPU over NVLink on a multi-GPU machine (NCCL for the fallback) and N processes sharing one GPU
+elsewhere (gloo, no fallback through NCCL there). Every path and dtype on the communicator issue's
+shapes, 200 calls back to back, graphs of three batch sizes, a rank that never calls, ranks that disagree.
+The real peer-access probe runs in every group."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from fused_ar import Communicator, FusedArError, MismatchError, PeerTimeoutError
+from tests.reference import allreduce_reference, assert_rmsnorm_matches
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+SHAPES = [(1, 4096), (3, 2880), (16, 7168), (17, 8192), (128, 8192), (1000, 4096)]
+TIMEOUT_S = 2.0
+
+
+def _inputs(world, m, n, dtype, seed, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    xs = [torch.randn(m, n, device=device, dtype=dtype, generator=g) for _ in range(world)]
+    return xs, torch.randn(m, n, device=device, dtype=dtype, generator=g), \
+        torch.rand(n, device=device, dtype=dtype, generator=g) + 0.5
+
+
+def _paths_and_stress(comm, rank, world, device, per_gpu):
+    paths = ("1stage", "2stage", "auto") + (("fallback",) if per_gpu else ())
+    for dtype in DTYPES:
+        for m, n in SHAPES:
+            xs, residual, weight = _inputs(world, m, n, dtype, seed=m * 31 + n, device=device)
+            for path in paths:
+                out, ro = comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path)
+                ar = comm.allreduce(xs[rank], path=path)
+                torch.cuda.synchronize()
+                comm.check()
+                if path == "fallback" and world > 2:  # the collective's own summation order
+                    torch.testing.assert_close(ar, allreduce_reference(xs), rtol=2e-2, atol=2e-2)
+                    continue
+                assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+                assert torch.equal(ar, allreduce_reference(xs)), f"{path} {dtype} m={m} n={n}: all-reduce differs"
+    for path in ("1stage", "2stage"):  # 200 calls back to back, results kept, checked at the end
+        sets = [_inputs(world, 16, 4096, torch.bfloat16, seed=1000 + i, device=device) for i in range(200)]
+        results = [comm.allreduce_rmsnorm(xs[rank], res, w, path=path) for xs, res, w in sets]
+        torch.cuda.synchronize()
+        comm.check()
+        for (xs, res, w), (out, ro) in zip(sets, results):
+            assert_rmsnorm_matches(xs, res, w, 1e-6, out, ro)
+
+
+def _graphs(comm, rank, world, device):
+    n, dtype = 4096, torch.bfloat16
+    weight = torch.rand(n, device=device, dtype=dtype) + 0.5
+    graphs = {}
+    for m in (1, 16, 128):
+        xs, residual, _ = _inputs(world, m, n, dtype, seed=m, device=device)
+        comm.allreduce_rmsnorm(xs[rank], residual, weight)
+        comm.allreduce(xs[rank])
+    torch.cuda.synchronize()
+    with comm.capture():
+        for m in (1, 16, 128):
+            xs, residual, _ = _inputs(world, m, n, dtype, seed=m + 1, device=device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = (*comm.allreduce_rmsnorm(xs[rank], residual, weight), comm.allreduce(xs[rank]))
+            graphs[m] = (xs, residual, outs, graph)
+    for rep in range(3):
+        for m in ((1, 16, 128) if rep % 2 == 0 else (128, 16, 1)):
+            xs, residual, outs, graph = graphs[m]
+            new, new_res, _ = _inputs(world, m, n, dtype, seed=100 * rep + m, device=device)
+            xs[rank].copy_(new[rank])
+            residual.copy_(new_res)
+            for t in outs:
+                t.fill_(float("nan"))
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            comm.check()
+            assert_rmsnorm_matches(new, new_res, weight, 1e-6, outs[0], outs[1])
+            assert torch.equal(outs[2], allreduce_reference(new))
+
+
+def _timeout(comm, rank, world, device, make):
+    xs, residual, weight = _inputs(world, 8, 4096, torch.bfloat16, seed=5, device=device)
+    comm.allreduce_rmsnorm(xs[rank], residual, weight)
+    torch.cuda.synchronize()
+    comm.check()
+    if rank != world - 1:  # the last rank never calls
+        start = time.monotonic()
+        out, _ = comm.allreduce_rmsnorm(xs[rank], residual, weight, out=torch.full_like(residual, float("nan")))
+        torch.cuda.synchronize()
+        assert time.monotonic() - start < TIMEOUT_S + 5
+        with pytest.raises(PeerTimeoutError) as info:
+            comm.check()
+        assert info.value.ranks == (world - 1,)
+        with pytest.raises(FusedArError, match="failed earlier"):
+            comm.allreduce_rmsnorm(xs[rank], residual, weight)
+    with make() as fresh:  # the process stays usable: a new communicator works
+        out, ro = fresh.allreduce_rmsnorm(xs[rank], residual, weight)
+        torch.cuda.synchronize()
+        fresh.check()
+        assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+
+
+def _mismatch(comm, rank, world, device):
+    m = 4 if rank == 0 else 8
+    xs, residual, weight = _inputs(world, m, 4096, torch.bfloat16, seed=m, device=device)
+    start = time.monotonic()
+    out, _ = comm.allreduce_rmsnorm(xs[rank], residual, weight, out=torch.full_like(residual, float("nan")))
+    torch.cuda.synchronize()
+    assert time.monotonic() - start < TIMEOUT_S, "the mismatch was found by the timeout, not the descriptors"
+    with pytest.raises(MismatchError, match=r"m=4.*m=8|m=8.*m=4"):
+        comm.check()
+    assert torch.isnan(out).all(), f"rank {rank} wrote output for a mismatched call"
+
+
+def _worker(rank, world, init_file, result_dir, what):
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count()
+    per_gpu = gpus >= world
+    device = rank % gpus
+    torch.cuda.set_device(device)
+    if per_gpu:
+        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                device_id=torch.device("cuda", device))
+        objects = dist.new_group(backend="gloo")
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        objects = dist.group.WORLD
+
+    def make():
+        return Communicator(objects, device=device, max_bytes=1000 * 8192 * 4, device_group=dist.group.WORLD)
+    try:
+        with make() as comm:
+            assert comm.fallback_reason is None, comm.fallback_reason  # the real probe passed
+            if what == "paths":
+                _paths_and_stress(comm, rank, world, device, per_gpu)
+            elif what == "graphs":
+                _graphs(comm, rank, world, device)
+            elif what == "timeout":
+                _timeout(comm, rank, world, device, make)
+            elif what == "mismatch":
+                _mismatch(comm, rank, world, device)
+        open(os.path.join(result_dir, f"ok-{rank}"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch"])
+@pytest.mark.parametrize("world", [2, 4, 8], ids=lambda w: f"TP{w}")
+def test_one_process_per_rank(tmp_path, monkeypatch, world, what):
+    import torch.multiprocessing as mp
+
+    gpus = torch.cuda.device_count()
+    if gpus < world and (world > 4 or what == "paths" and world > 2):
+        pytest.skip(f"{gpus} GPU(s): TP{world} {what} runs with one GPU per rank (sharing one GPU, the "
+                    "communicator tests cover it)")
+    monkeypatch.setenv("FUSED_AR_TIMEOUT_S", str(TIMEOUT_S if what in ("timeout", "mismatch") else 60))
+    monkeypatch.setenv("FUSED_AR_PEER_PROBE", "1")
+    mp.spawn(_worker, args=(world, str(tmp_path / "store"), str(tmp_path), what), nprocs=world, join=True)
+    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(world)]
