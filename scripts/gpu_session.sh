@@ -16,4 +16,6 @@ FUSED_AR_TIMEOUT_S=10 timeout "${PROD_TIMEOUT:-240}" python3 -m pytest -q tests/
   | tee "$OUT/pytest_production.txt" | grep -E "passed|failed|^FAILED|^E " | head -20
 timeout 80 python3 scripts/check_cost.py --ranks 8 --m 1 128 --out "$OUT/check_cost.md" 2>&1 | tail -6
 FUSED_AR_TIMEOUT_S=2 timeout "${REST_TIMEOUT:-150}" python3 -m pytest -q tests/gpu --ignore=tests/gpu/test_production_gpu.py \
-  ${REST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.txt" | grep -E "passed|failed|^FAILED|^E " | head -20
+  --ignore=tests/gpu/test_multi_process.py 2>&1 | tee "$OUT/pytest_gpu.txt" | grep -E "passed|failed|^FAILED|^E " | head -20
+timeout "${MULTI_TIMEOUT:-120}" python3 -m pytest -q -rs tests/gpu/test_multi_process.py 2>&1 | tee "$OUT/pytest_multi.txt" \
+  | grep -E "passed|failed|^FAILED|^E " | head -10
