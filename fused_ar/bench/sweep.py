@@ -84,6 +84,21 @@ class Progress:
             self.bar.close()
 
 
+def _agreed_check(group: Group, check: Any) -> None:
+    """Runs `check` on every rank; if it fails on any, every rank raises (none waits for the others in a
+    collective that will never come)."""
+    from .steps import BenchError
+
+    try:
+        check()
+        failure = None
+    except BenchError as exc:
+        failure = str(exc)
+    failure = group.agree(failure)
+    if failure is not None:
+        raise BenchError(failure)
+
+
 def measure(group: Group, sweep: Sweep, run: Run, case: Any, name: str) -> Optional[str]:
     """Times one path on one case (checked first); adds the point to `run` on the leader. Returns a
     reason when a baseline cannot run here (our own paths raise instead)."""
@@ -108,12 +123,12 @@ def measure(group: Group, sweep: Sweep, run: Run, case: Any, name: str) -> Optio
         for step in built:
             step.reset()
         case.poison()
-        steps.verify(path, case, group.each(lambda i, _: built[i].run()))
+        _agreed_check(group, lambda: steps.verify(path, case, group.each(lambda i, _: built[i].run())))
         graphs, last = timing.capture(group, sweep.calls, lambda i: built[i].run())
         case.poison()
         group.each(lambda i, _: graphs[i].replay())  # warm, and the graph's outputs checked
         if all(step.repeatable for step in built):
-            steps.verify(path, case, last)
+            _agreed_check(group, lambda: steps.verify(path, case, last))
         times = group.gather(timing.replay_times(group, graphs, sweep.calls, sweep.replays))
         if times is not None:
             run.add(Point(group.world, case.hidden, DType.parse(case.dtype).value, case.m, name, sweep.calls,

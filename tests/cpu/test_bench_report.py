@@ -211,3 +211,23 @@ def test_bench_without_a_gpu_says_so(capsys):
 def test_thresholds_key_is_dtype_and_hidden():
     t = Thresholds("gfx942", 4, {Thresholds.key("bfloat16", 7168): SizeRule(1, 2)})
     assert t.rule(DType.BF16, 7168) == SizeRule(1, 2) and t.rule(DType.FP16, 7168) == SizeRule()
+
+
+def test_a_check_failing_on_one_rank_raises_on_every_rank():
+    from fused_ar.bench.steps import BenchError
+    from fused_ar.bench.sweep import _agreed_check
+
+    class OtherRankFailed:  # what Group.agree returns when rank 1's check failed and this one's passed
+        def agree(self, reason):
+            return reason or "rank 1: residual_out differs"
+
+    with pytest.raises(BenchError, match="rank 1: residual_out differs"):
+        _agreed_check(OtherRankFailed(), lambda: None)
+
+    class AllPassed:
+        def agree(self, reason):
+            return reason
+
+    _agreed_check(AllPassed(), lambda: None)
+    with pytest.raises(BenchError, match="mine"):
+        _agreed_check(AllPassed(), lambda: (_ for _ in ()).throw(BenchError("mine")))
