@@ -45,16 +45,13 @@ def function(spec: KernelSpec, device: int) -> Any:
     return fn
 
 
-def preload(specs: Iterable[KernelSpec], device: int) -> int:
-    """Loads every spec's function now (compiling or reading the disk cache); returns how many. Loading
+def preload(specs: Iterable[KernelSpec], device: int) -> None:
+    """Loads every spec's function now (compiling or reading the disk cache). Loading
     waits for the whole device, so whoever launches ranks that spin for each other from one thread must
     load first: a load between two ranks' launches would wait on the launched rank, which waits on the
     unlaunched one, until FUSED_AR_TIMEOUT_S."""
-    count = 0
     for spec in specs:
         function(spec, device)
-        count += 1
-    return count
 
 
 def launch(spec: KernelSpec, device: int, grid: int, args: Sequence[Any], stream: Optional[int] = None) -> None:

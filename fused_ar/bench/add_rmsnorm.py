@@ -17,24 +17,6 @@ from typing import Any, Callable
 
 CALLS_PER_GRAPH = 20
 REPLAYS = 25
-COPY_BYTES = 1 << 31
-
-
-def _copy_bandwidth(torch: Any) -> float:
-    """Device-to-device copy, bytes read + written per second (median of 20)."""
-    src = torch.empty(COPY_BYTES // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return 2 * src.numel() / statistics.median(times)
 
 
 def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
@@ -119,13 +101,14 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
 
     from ..kernels import add_rmsnorm_block
     from ..ops import add_rmsnorm
+    from .timing import copy_bandwidth
 
     if not torch.cuda.is_available():
         print("bench add_rmsnorm needs a GPU")
         return 2
     dtype = getattr(torch, args.dtype.torch_name)
     eps = 1e-6
-    copy_bw = _copy_bandwidth(torch)
+    copy_bw = copy_bandwidth(torch.cuda.current_device())
     cost = _compile_cost(dtype)
 
     def unfused(x, r, w):

@@ -87,6 +87,9 @@ class Run:
                 return p
         return None
 
+    def set_floor(self, tp: int, hidden: int, dtype: str, m: int, us: float) -> None:
+        self.floors_us[f"{tp},{hidden},{dtype},{m}"] = us
+
     def floor(self, tp: int, hidden: int, dtype: str, m: int) -> Optional[float]:
         return self.floors_us.get(f"{tp},{hidden},{dtype},{m}")
 

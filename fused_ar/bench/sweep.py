@@ -280,7 +280,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         for tp_, hidden, dtype in part.cases():
             for m in part.ms(tp_, hidden, dtype):
                 nbytes = m * hidden * DType.parse(dtype).itemsize
-                run.floors_us[f"{tp_},{hidden},{dtype},{m}"] = timing.floor_us(tp_, nbytes, emulated, copy_bw, peer_bw)
+                run.set_floor(tp_, hidden, dtype, m, timing.floor_us(tp_, nbytes, emulated, copy_bw, peer_bw))
     out = Path(args.out)
     files = report.write_all(run, out)
     found = report.crossovers(run)

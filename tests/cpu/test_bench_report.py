@@ -39,7 +39,7 @@ def synthetic_run(tp: int = 8, emulated: bool = False, replays: int = 6, ranks: 
     run = Run(f"python -m fused_ar bench --tp {tp}", {"gpus": ["test GPU"]},
               {tp: "single-GPU emulation" if emulated else f"{tp} GPUs, one process each"}, {tp: emulated})
     for m in MS:
-        run.floors_us[f"{tp},{HIDDEN},bf16,{m}"] = 0.01 * m
+        run.set_floor(tp, HIDDEN, "bf16", m, 0.01 * m)
         for path in ("fused_1stage", "fused_2stage", "fused_auto", "unfused_ours", "nccl_torch", "fallback"):
             base = model_us(path, m)
             # every rank's replays a little above the model; the slowest rank defines the point
