@@ -167,12 +167,16 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
 #if FA_CHECKS
     if (phase == FA_PHASE_START && !b.state->failed) {
       // Rank t wrote its descriptor before releasing the flag just acquired (in global memory, so the
-      // record below reads it from there: no local array).
+      // record below reads it from there: no local array). All words are loaded before any compares:
+      // `same && load` would wait one memory round trip per word on the path of every call.
       const fa_u32* theirs = own->desc[block][t];
-      bool same = true;
+      fa_u32 words[FA_DESC_WORDS];
 #pragma unroll
-      for (int i = 0; i < FA_DESC_WORDS; ++i) same = same && fa_load_relaxed_sys(&theirs[i]) == fa_desc(b, i);
-      if (!same) fa_record(b, FA_ERROR_MISMATCH | ((fa_u32)block << 12) | (fa_u32)t, theirs, t);
+      for (int i = 0; i < FA_DESC_WORDS; ++i) words[i] = fa_load_relaxed_sys(&theirs[i]);
+      fa_u32 differ = 0u;
+#pragma unroll
+      for (int i = 0; i < FA_DESC_WORDS; ++i) differ |= words[i] ^ fa_desc(b, i);
+      if (differ != 0u) fa_record(b, FA_ERROR_MISMATCH | ((fa_u32)block << 12) | (fa_u32)t, theirs, t);
     }
 #endif
   }
