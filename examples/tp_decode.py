@@ -86,7 +86,13 @@ class Ranks:
         return results
 
 
-def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int, modes: list[str]) -> list[str]:
+def say(line: str) -> None:
+    print("  " + line, flush=True)
+
+
+def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int, modes: list[str],
+        say=say) -> None:
+    """Every mode in `modes`, checked; `say` reports each mode as it finishes."""
     device = f"cuda:{comms[0].device}"
     dtype = torch.bfloat16
     shards, norm = weights(tp, hidden, ffn, dtype, device)
@@ -99,7 +105,6 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
         with torch.cuda.stream(stream):
             torch.relu(torch.zeros(max(ms), hidden, device=device, dtype=dtype) @ w1) @ w2
     torch.cuda.synchronize()
-    lines = []
     g = torch.Generator(device=device).manual_seed(99)
 
     def fresh(m):
@@ -112,7 +117,7 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
             got = ranks.run(lambda i, c: layer(x, residual, *mine[i], norm, c.handle))
             for result in got:
                 check("eager", m, result, reference(x, residual, shards, norm))
-        lines.append(f"eager: m={ms} checked on {len(comms)} local rank(s)")
+        say(f"eager: m={ms} checked on {len(comms)} local rank(s)")
 
     for mode in [mo for mo in ("graph", "compiled") if mo in modes]:
         backend = "inductor" if len(comms) == 1 else "aot_eager"
@@ -142,8 +147,7 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
                 for i in range(len(comms)):
                     check(mode, m, outs[i], reference(x, residual, shards, norm))
         how = f" (torch.compile backend {backend})" if mode == "compiled" else ""
-        lines.append(f"{mode}: {len(ms)} graphs (m={ms}) captured, replayed 3 times with new inputs, checked{how}")
-    return lines
+        say(f"{mode}: {len(ms)} graphs (m={ms}) captured, replayed 3 times with new inputs, checked{how}")
 
 
 def main(argv=None) -> int:
@@ -162,16 +166,15 @@ def main(argv=None) -> int:
     max_bytes = max(a.m) * a.hidden * 2
     if "RANK" in os.environ or (not a.one_process and torch.cuda.device_count() >= a.tp):
         return _per_gpu(a, max_bytes)
+    print(f"tp_decode: TP={a.tp}, all ranks in one process on GPU 0 (single-GPU emulation), bf16, "
+          f"hidden={a.hidden}, ffn={a.ffn}", flush=True)
     comms = Communicator.local_group(a.tp, 0, max_bytes=max_bytes)
     try:
-        lines = run(comms, a.tp, a.m, a.hidden, a.ffn, a.modes)
+        run(comms, a.tp, a.m, a.hidden, a.ffn, a.modes)
     finally:
         torch.cuda.synchronize()
         for c in comms:
             c.close()
-    print(f"tp_decode: TP={a.tp}, all ranks in one process on GPU 0 (single-GPU emulation), bf16, "
-          f"hidden={a.hidden}, ffn={a.ffn}")
-    print("\n".join("  " + line for line in lines))
     print("tp_decode: all modes match the single-process reference")
     return 0
 
@@ -197,11 +200,12 @@ def _worker(rank: int, world: int, a, max_bytes: int) -> None:
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        with Communicator(max_bytes=max_bytes) as comm:
-            lines = run([comm], world, a.m, a.hidden, a.ffn, a.modes)
         if rank == 0:
-            print(f"tp_decode: TP={world}, one process per GPU, bf16, hidden={a.hidden}, ffn={a.ffn}")
-            print("\n".join("  " + line for line in lines))
+            print(f"tp_decode: TP={world}, one process per GPU, bf16, hidden={a.hidden}, ffn={a.ffn}", flush=True)
+        with Communicator(max_bytes=max_bytes) as comm:
+            run([comm], world, a.m, a.hidden, a.ffn, a.modes,
+                say=say if rank == 0 else (lambda line: None))
+        if rank == 0:
             print("tp_decode: all modes match the single-process reference")
     finally:
         dist.destroy_process_group()

@@ -9,13 +9,22 @@
 #define FA_PHASE_END 2
 #define FA_PHASES 3
 
-// FA_CHECKS 1 (always, outside the benchmark that measures their cost): every spin is bounded by the
-// timeout, gives up as soon as another block of this rank recorded an error, and the start barrier
-// compares the call descriptors of all ranks.
+// FA_CHECKS 1 (always, outside scripts/check_cost.py, which measures their cost): every spin is bounded
+// by the timeout and gives up as soon as another block of this rank recorded an error (FA_CHECK_WAITS),
+// and the start barrier compares the call descriptors of all ranks (FA_CHECK_DESC). The two halves
+// exist apart only so that their costs can be told apart.
 #ifndef FA_CHECKS
 #define FA_CHECKS 1
 #endif
+#ifndef FA_CHECK_WAITS
+#define FA_CHECK_WAITS FA_CHECKS
+#endif
+#ifndef FA_CHECK_DESC
+#define FA_CHECK_DESC FA_CHECKS
+#endif
+#ifndef FA_CHECK_SPINS
 #define FA_CHECK_SPINS 64
+#endif
 
 // What a call is, as every rank publishes it with its start flag (FA_DESC_WORDS words): op and dtype
 // codes and the grid, rows, cols. Ranks that disagree stop before touching any data
@@ -135,7 +144,7 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
     const fa_u32 flag = b.state->flag;
     fa_signal_t* peer = b.peers->signal[t];
     fa_signal_t* own = b.peers->signal[b.rank];
-#if FA_CHECKS
+#if FA_CHECK_DESC
     if (phase == FA_PHASE_START) {
 #pragma unroll
       for (int i = 0; i < FA_DESC_WORDS; ++i) fa_store_relaxed_sys(&peer->desc[block][b.rank][i], fa_desc(b, i));
@@ -149,7 +158,7 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
     // (ranks sharing one GPU spin a lot) adds one load and one timer read per FA_CHECK_SPINS polls.
     fa_u64 deadline_ns = 0;
     for (fa_u32 spins = 0; fa_load_acquire_sys(arrived) != flag; ++spins) {
-#if FA_CHECKS
+#if FA_CHECK_WAITS
       if (spins % FA_CHECK_SPINS == FA_CHECK_SPINS - 1) {
         if (fa_load_relaxed_sys(&own->error) != 0u) {
           b.state->failed = 1;
@@ -164,7 +173,7 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
       }
 #endif
     }
-#if FA_CHECKS
+#if FA_CHECK_DESC
     if (phase == FA_PHASE_START && !b.state->failed) {
       // Rank t wrote its descriptor before releasing the flag just acquired (in global memory, so the
       // record below reads it from there: no local array). All words are loaded before any compares:

@@ -1,6 +1,7 @@
 """What the timeout and mismatch checks cost on the common path: the fused op graph-replayed with the
-checks compiled in (FA_CHECKS 1, what ships) and out (FA_CHECKS 0, only for this measurement), N ranks
-on one GPU (single-GPU emulation), K calls per graph, the slowest rank's time per call.
+checks compiled in (FA_CHECKS 1, what ships), out (FA_CHECKS 0), and each half alone (VARIANTS; all but
+the shipped one only for this measurement), N ranks on one GPU (single-GPU emulation), K calls per
+graph, the slowest rank's time per call.
 
 Every variant's graphs are captured on the same communicators and inputs, and the replays alternate
 (variant order rotated each round), so clocks and memory placement weigh on all variants alike; the
@@ -26,33 +27,19 @@ from fused_ar.render import Source, render  # noqa: E402
 from fused_ar.runtime import current_runtime  # noqa: E402
 from fused_ar.spec import DType  # noqa: E402
 
-# The descriptor compare before batching its loads (each load waited for the previous compare), kept
-# here only to measure what batching saved; None where the shipped source no longer has the new form.
-_BATCHED = """      fa_u32 words[FA_DESC_WORDS];
-#pragma unroll
-      for (int i = 0; i < FA_DESC_WORDS; ++i) words[i] = fa_load_relaxed_sys(&theirs[i]);
-      fa_u32 differ = 0u;
-#pragma unroll
-      for (int i = 0; i < FA_DESC_WORDS; ++i) differ |= words[i] ^ fa_desc(b, i);
-      if (differ != 0u)"""
-_SERIAL = """      bool same = true;
-#pragma unroll
-      for (int i = 0; i < FA_DESC_WORDS; ++i) same = same && fa_load_relaxed_sys(&theirs[i]) == fa_desc(b, i);
-      if (!same)"""
-
+# Each variant is the shipped source with these defines on top (kernels_src/fa_peers.h reads them).
 VARIANTS = {
-    "checks (shipped)": lambda text: text,
-    "checks, serial descriptor compare": lambda text: text.replace(_BATCHED, _SERIAL) if _BATCHED in text else None,
-    "no checks": lambda text: "#define FA_CHECKS 0\n" + text,
+    "checks (shipped)": "",
+    "timeout/error checks only": "#define FA_CHECK_DESC 0\n",
+    "descriptor check only": "#define FA_CHECK_WAITS 0\n",
+    "checks, every 1024 polls": "#define FA_CHECK_SPINS 1024\n",
+    "no checks": "#define FA_CHECKS 0\n",
 }
 
 
-def load_variant(spec, device, edit):
-    """The function of `spec` built from the edited source (this process only), or None."""
-    text = edit(render(spec).text)
-    if text is None:
-        return None
-    kernel = compiler_for(spec.arch).compile(Source(spec, text), spec.arch)
+def load_variant(spec, device, defines):
+    """The function of `spec` built with `defines` on top of its source (this process only)."""
+    kernel = compiler_for(spec.arch).compile(Source(spec, defines + render(spec).text), spec.arch)
     return current_runtime().load(kernel, spec.kernel_name, device)
 
 
@@ -106,11 +93,8 @@ def main() -> None:
         default_cache().get(spec)
         shipped = launch.function(spec, 0)
         graphs = {}
-        for name, edit in VARIANTS.items():
-            fn = load_variant(spec, 0, edit)
-            if fn is None:
-                continue
-            launch._functions[(spec, 0)] = fn  # captured into this variant's graphs
+        for name, defines in VARIANTS.items():
+            launch._functions[(spec, 0)] = load_variant(spec, 0, defines)  # captured into this variant's graphs
             for c, s, x in zip(comms, streams, xs):  # warm
                 with torch.cuda.stream(s):
                     c.allreduce_rmsnorm(x, residual, weight)

@@ -172,9 +172,13 @@ def _mp_worker(rank, world, init_file, result_dir):
             rt = current_runtime()
             Communicator(device=0, max_bytes=1 << 20).close()
             torch.cuda.empty_cache()
+            # Free memory is the GPU's, shared with the peer process: read it only where both ranks have
+            # closed everything (a communicator of the peer's, still open, would count as ours).
+            dist.barrier()
             free0, fds0 = rt.mem_get_info(0)[0], len(os.listdir("/proc/self/fd"))
             for _ in range(50):
                 Communicator(device=0, max_bytes=4 << 20).close()
+            dist.barrier()
             free1, fds1 = rt.mem_get_info(0)[0], len(os.listdir("/proc/self/fd"))
             assert free0 - free1 < 16 << 20 and fds1 <= fds0 + 2, (free0 - free1, fds0, fds1)
         open(os.path.join(result_dir, f"ok-{rank}"), "w").close()
