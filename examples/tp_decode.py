@@ -11,10 +11,12 @@ single-process reference (DESIGN.md section 1: residual_out bit-exact, out withi
 ReLU keeps the partial sums identical in eager and compiled code (Inductor may fuse a smooth activation
 with different rounding), so every mode can be checked bit for bit.
 
-With one process per GPU the compiled mode uses Inductor. With all ranks in one process it uses the
-aot_eager backend: each rank compiles its own variant (the communicator handle is a constant) while the
-ranks already launched spin for it, and Inductor's new kernels load and autotune on first use, which
-waits for the whole GPU, behind those spinning ranks.
+With all ranks in one process on one GPU, every rank's matmuls are enqueued before any rank's fused op
+(each mode runs, captures or compiles the step as two parts: matmuls, then the fused op). A kernel
+launched while some ranks' fused blocks already spin for the others may never get the SMs it needs (the
+H200's cuBLAS GEMMs at m=64 launch clusters of 8 blocks, which no GPC can place beside the spinning
+blocks), and the spinning ranks would wait for it until FUSED_AR_TIMEOUT_S. With one rank per GPU the
+step is one function, one graph, one compiled graph.
 """
 
 from __future__ import annotations
@@ -45,9 +47,16 @@ def weights(tp: int, hidden: int, ffn: int, dtype: torch.dtype, device: str):
             for r in range(tp)], norm
 
 
-def layer(x, residual, w1, w2, norm, comm: int):
-    partial = torch.relu(x @ w1) @ w2
+def mlp(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def fused(partial, residual, norm, comm: int):
     return torch.ops.fused_ar.allreduce_rmsnorm(partial, residual, norm, EPS, comm, "auto")
+
+
+def layer(x, residual, w1, w2, norm, comm: int):
+    return fused(mlp(x, w1, w2), residual, norm, comm)
 
 
 def reference(x, residual, shards, norm):
@@ -111,28 +120,48 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
         return (torch.randn(m, hidden, device=device, dtype=dtype, generator=g),
                 torch.randn(m, hidden, device=device, dtype=dtype, generator=g))
 
+    def parts(mode: str):
+        """The step as functions (rank, comm, a, b) -> (a, b): (x, residual) in, (out, residual_out) out;
+        all ranks finish part k before any starts part k + 1."""
+        wrap = (lambda f: torch.compile(f, fullgraph=True, dynamic=False)) if mode == "compiled" else (lambda f: f)
+        if len(comms) == 1:
+            whole = wrap(layer)
+            return [lambda i, c, x, residual: whole(x, residual, *mine[i], norm, c.handle)]
+        matmuls, fused_op = wrap(mlp), wrap(fused)
+        return [lambda i, c, x, residual: (matmuls(x, *mine[i]), residual),
+                lambda i, c, partial, residual: fused_op(partial, residual, norm, c.handle)]
+
+    def run_parts(steps, inputs):
+        for step in steps:
+            inputs = ranks.run(lambda i, c: step(i, c, *inputs[i]))
+        return inputs
+
     if "eager" in modes:
+        steps = parts("eager")
         for m in ms:
             x, residual = fresh(m)
-            got = ranks.run(lambda i, c: layer(x, residual, *mine[i], norm, c.handle))
-            for result in got:
+            for result in run_parts(steps, [(x, residual)] * len(comms)):
                 check("eager", m, result, reference(x, residual, shards, norm))
         say(f"eager: m={ms} checked on {len(comms)} local rank(s)")
 
     for mode in [mo for mo in ("graph", "compiled") if mo in modes]:
-        backend = "inductor" if len(comms) == 1 else "aot_eager"
-        fn = layer if mode == "graph" else torch.compile(layer, fullgraph=True, dynamic=False, backend=backend)
+        steps = parts(mode)
         graphs = {}
         for m in ms:
             x, residual = fresh(m)
-            ranks.run(lambda i, c: fn(x, residual, *mine[i], norm, c.handle))  # warm: compile, load, plan
+            run_parts(steps, [(x, residual)] * len(comms))  # warm: compile, load, plan
             static = [fresh(m) for _ in comms]
             outs, gs = [], []
             for i, (comm, stream) in enumerate(zip(comms, ranks.streams)):
-                graph = torch.cuda.CUDAGraph()
-                with comm.capture(), torch.cuda.graph(graph, stream=stream):
-                    outs.append(fn(*static[i], *mine[i], norm, comm.handle))
-                gs.append(graph)
+                state, rank_graphs = static[i], []
+                with comm.capture():  # one registration per rank, for all its graphs
+                    for step in steps:
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, stream=stream):
+                            state = step(i, comm, *state)
+                        rank_graphs.append(graph)
+                outs.append(state)
+                gs.append(rank_graphs)
             graphs[m] = (static, outs, gs)
         for replay in range(3):  # every graph, new data each time, in capture order and back
             for m in (ms if replay % 2 == 0 else ms[::-1]):
@@ -143,11 +172,12 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
                     static[i][1].copy_(residual)
                     outs[i][0].fill_(float("nan"))
                 torch.cuda.synchronize()
-                ranks.run(lambda i, c: gs[i].replay())
+                for k in range(len(steps)):
+                    ranks.run(lambda i, c: gs[i][k].replay())
                 for i in range(len(comms)):
                     check(mode, m, outs[i], reference(x, residual, shards, norm))
-        how = f" (torch.compile backend {backend})" if mode == "compiled" else ""
-        say(f"{mode}: {len(ms)} graphs (m={ms}) captured, replayed 3 times with new inputs, checked{how}")
+        how = f" as {len(steps)} parts (matmuls, fused op)" if len(steps) > 1 else ""
+        say(f"{mode}: {len(ms)} graphs (m={ms}) captured{how}, replayed 3 times with new inputs, checked")
 
 
 def main(argv=None) -> int:
