@@ -150,6 +150,37 @@ def test_create_close_50_times_without_growth():
 
 
 # -- N processes sharing the GPU through real IPC ------------------------------------------------------
+def spawn_ranks(worker, world, tmp_path, *args):
+    """Runs worker(rank, world, init_file, result_dir, *args) in `world` processes, each writing "ok-<rank>"
+    when done. A failure names every rank's own error (its traceback, or the stack faulthandler wrote when
+    a signal killed it), not only that of the first rank torch.multiprocessing noticed."""
+    import torch.multiprocessing as mp
+
+    try:
+        mp.spawn(_recorded, args=(worker, world, str(tmp_path / "store"), str(tmp_path), args), nprocs=world,
+                 join=True)
+    except Exception as e:
+        reports = "".join(f"\n--- {p.name}\n{p.read_text()}" for p in sorted(tmp_path.glob("report-*"))
+                          if p.stat().st_size)
+        raise AssertionError(f"{e}\nper-rank reports:{reports or ' none written'}") from e
+    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(world)]
+
+
+def _recorded(rank, worker, world, init_file, result_dir, args):
+    import faulthandler
+    import traceback
+
+    with open(os.path.join(result_dir, f"report-{rank}"), "w") as report:
+        faulthandler.enable(file=report)
+        try:
+            worker(rank, world, init_file, result_dir, *args)
+        except BaseException:
+            traceback.print_exc(file=report)
+            raise
+        finally:
+            faulthandler.disable()
+
+
 def _mp_worker(rank, world, init_file, result_dir):
     import torch.distributed as dist
 
@@ -188,7 +219,4 @@ def _mp_worker(rank, world, init_file, result_dir):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_processes_sharing_the_gpu(tmp_path, world):
-    import torch.multiprocessing as mp
-
-    mp.spawn(_mp_worker, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
-    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(world)]
+    spawn_ranks(_mp_worker, world, tmp_path)

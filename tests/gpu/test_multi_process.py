@@ -14,6 +14,7 @@ import torch
 
 from fused_ar import Communicator, FusedArError, MismatchError, PeerTimeoutError
 from tests.reference import allreduce_reference, assert_rmsnorm_matches
+from tests.gpu.test_communicator_gpu import spawn_ranks
 
 pytestmark = pytest.mark.gpu
 
@@ -155,13 +156,10 @@ def _worker(rank, world, init_file, result_dir, what):
 @pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch"])
 @pytest.mark.parametrize("world", [2, 4, 8], ids=lambda w: f"TP{w}")
 def test_one_process_per_rank(tmp_path, monkeypatch, world, what):
-    import torch.multiprocessing as mp
-
     gpus = torch.cuda.device_count()
     if gpus < world and (world > 4 or what == "paths" and world > 2):
         pytest.skip(f"{gpus} GPU(s): TP{world} {what} runs with one GPU per rank (sharing one GPU, the "
                     "communicator tests cover it)")
     monkeypatch.setenv("FUSED_AR_TIMEOUT_S", str(TIMEOUT_S if what in ("timeout", "mismatch") else 60))
     monkeypatch.setenv("FUSED_AR_PEER_PROBE", "1")
-    mp.spawn(_worker, args=(world, str(tmp_path / "store"), str(tmp_path), what), nprocs=world, join=True)
-    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(world)]
+    spawn_ranks(_worker, world, tmp_path, what)

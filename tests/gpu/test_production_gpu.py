@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fused_ar import Communicator, FusedArError, MismatchError, PeerTimeoutError
-from tests.gpu.test_communicator_gpu import check_fused, make_inputs, poisoned, run_ranks
+from tests.gpu.test_communicator_gpu import check_fused, make_inputs, poisoned, run_ranks, spawn_ranks
 from tests.reference import add_rmsnorm_reference, allreduce_reference, assert_rmsnorm_matches, prime_allocator
 
 pytestmark = pytest.mark.gpu
@@ -232,10 +232,7 @@ def _fallback_worker(rank, world, init_file, result_dir):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_fallback_through_torch_distributed(tmp_path, world):
-    import torch.multiprocessing as mp
-
-    mp.spawn(_fallback_worker, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
-    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(world)]
+    spawn_ranks(_fallback_worker, world, tmp_path)
 
 
 @pytest.mark.parametrize("tp", [2, 4])
