@@ -60,7 +60,7 @@ def layer(x, residual, w1, w2, norm, comm: int):
 
 
 def reference(x, residual, shards, norm):
-    partials = [torch.relu(x @ w1) @ w2 for w1, w2 in shards]
+    partials = [mlp(x, w1, w2) for w1, w2 in shards]
     _, ro, out = add_rmsnorm_reference(partials, residual, norm, EPS)
     return out, ro
 
@@ -100,8 +100,8 @@ def say(line: str) -> None:
 
 
 def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int, modes: list[str],
-        say=say) -> None:
-    """Every mode in `modes`, checked; `say` reports each mode as it finishes."""
+        report=say) -> None:
+    """Every mode in `modes`, checked; `report` gets a line for each mode as it finishes."""
     device = f"cuda:{comms[0].device}"
     dtype = torch.bfloat16
     shards, norm = weights(tp, hidden, ffn, dtype, device)
@@ -142,7 +142,7 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
             x, residual = fresh(m)
             for result in run_parts(steps, [(x, residual)] * len(comms)):
                 check("eager", m, result, reference(x, residual, shards, norm))
-        say(f"eager: m={ms} checked on {len(comms)} local rank(s)")
+        report(f"eager: m={ms} checked on {len(comms)} local rank(s)")
 
     for mode in [mo for mo in ("graph", "compiled") if mo in modes]:
         steps = parts(mode)
@@ -177,7 +177,7 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
                 for i in range(len(comms)):
                     check(mode, m, outs[i], reference(x, residual, shards, norm))
         how = f" as {len(steps)} parts (matmuls, fused op)" if len(steps) > 1 else ""
-        say(f"{mode}: {len(ms)} graphs (m={ms}) captured{how}, replayed 3 times with new inputs, checked")
+        report(f"{mode}: {len(ms)} graphs (m={ms}) captured{how}, replayed 3 times with new inputs, checked")
 
 
 def main(argv=None) -> int:
@@ -234,7 +234,7 @@ def _worker(rank: int, world: int, a, max_bytes: int) -> None:
             print(f"tp_decode: TP={world}, one process per GPU, bf16, hidden={a.hidden}, ffn={a.ffn}", flush=True)
         with Communicator(max_bytes=max_bytes) as comm:
             run([comm], world, a.m, a.hidden, a.ffn, a.modes,
-                say=say if rank == 0 else (lambda line: None))
+                report=say if rank == 0 else (lambda line: None))
         if rank == 0:
             print("tp_decode: all modes match the single-process reference")
     finally:
