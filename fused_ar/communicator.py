@@ -92,6 +92,7 @@ class Communicator:
         self._fallback_reason: Optional[str] = None
         self._fallback_log = FallbackLog(rank)
         self._thresholds: Optional[Thresholds] = None
+        self._size_rules: dict[tuple[Any, int], SizeRule] = {}
         self._failure: Optional[FusedArError] = None
         self._ranks_per_device = 1
         self._grid_caps: dict[KernelSpec, int] = {}
@@ -368,8 +369,13 @@ class Communicator:
     # -- the fallback -------------------------------------------------------------------------------------
     def size_rule(self, dtype: Any, hidden: int) -> SizeRule:
         """The measured thresholds `auto` follows for allreduce_rmsnorm of this dtype and hidden size
-        (rank 0's thresholds file, fused_ar.thresholds), or an empty rule: the built-in table serves."""
-        return self._thresholds.rule(DType.parse(dtype), hidden) if self._thresholds is not None else SizeRule()
+        (rank 0's thresholds file, fused_ar.thresholds), or an empty rule: the built-in table serves.
+        Looked up once per shape: every call asks."""
+        rule = self._size_rules.get((dtype, hidden))
+        if rule is None:
+            rule = self._thresholds.rule(DType.parse(dtype), hidden) if self._thresholds is not None else SizeRule()
+            self._size_rules[(dtype, hidden)] = rule
+        return rule
 
     def _choose(self, path: str, x: Any, unsupported: Optional[str], rule: SizeRule = SizeRule()) -> Path:
         nbytes = x.numel() * x.element_size()

@@ -20,8 +20,9 @@ os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 import torch  # noqa: E402
 
-from fused_ar import Communicator, launch  # noqa: E402
-from fused_ar.cache import default_cache  # noqa: E402
+from fused_ar import launch  # noqa: E402
+from fused_ar.bench import timing  # noqa: E402
+from fused_ar.bench.group import Group  # noqa: E402
 from fused_ar.compiler import compiler_for  # noqa: E402
 from fused_ar.render import Source, render  # noqa: E402
 from fused_ar.runtime import current_runtime  # noqa: E402
@@ -43,35 +44,6 @@ def load_variant(spec, device, defines):
     return current_runtime().load(kernel, spec.kernel_name, device)
 
 
-def capture(comms, streams, xs, residual, weight, calls):
-    graphs = []
-    for c, s, x in zip(comms, streams, xs):
-        g = torch.cuda.CUDAGraph()
-        with c.capture(), torch.cuda.graph(g, stream=s):
-            for _ in range(calls):
-                c.allreduce_rmsnorm(x, residual, weight)
-        graphs.append(g)
-    return graphs
-
-
-def replay_us(graphs, streams, calls):
-    """One replay of every rank's graph, started together; the slowest rank's time per call."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
-    torch.cuda.synchronize()
-    for g, s, (a, b) in zip(graphs, streams, events):
-        with torch.cuda.stream(s):
-            a.record()
-            g.replay()
-            b.record()
-    torch.cuda.synchronize()
-    return max(a.elapsed_time(b) for a, b in events) * 1000 / calls
-
-
-def quantile(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", type=int, default=8)
@@ -81,42 +53,40 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--out")
     a = p.parse_args()
-    comms = Communicator.local_group(a.ranks, 0, max_bytes=max(a.m) * a.n * 2)
-    streams = [torch.cuda.Stream() for _ in comms]
+    group = Group(a.ranks, 0, emulated=True)
+    comms = group.open(max(a.m) * a.n * 2)
     rows = []
     for m in a.m:
         torch.manual_seed(m)
         xs = [torch.randn(m, a.n, device="cuda", dtype=torch.bfloat16) for _ in comms]
         residual = torch.randn(m, a.n, device="cuda", dtype=torch.bfloat16)
         weight = torch.rand(a.n, device="cuda", dtype=torch.bfloat16) + 0.5
-        spec = comms[0]._fused_spec(DType.BF16, a.n, comms[0]._choose("auto", xs[0], None))
-        default_cache().get(spec)
+        auto = comms[0]._choose("auto", xs[0], None, comms[0].size_rule(DType.BF16, a.n))
+        spec = comms[0]._fused_spec(DType.BF16, a.n, auto)
         shipped = launch.function(spec, 0)
+
+        def call(i):
+            return comms[i].allreduce_rmsnorm(xs[i], residual, weight)
         graphs = {}
         for name, defines in VARIANTS.items():
             launch._functions[(spec, 0)] = load_variant(spec, 0, defines)  # captured into this variant's graphs
-            for c, s, x in zip(comms, streams, xs):  # warm
-                with torch.cuda.stream(s):
-                    c.allreduce_rmsnorm(x, residual, weight)
-            torch.cuda.synchronize()
-            graphs[name] = capture(comms, streams, xs, residual, weight, a.calls)
+            group.each(lambda i, stream: call(i))  # warm
+            graphs[name] = timing.capture(group, a.calls, call)[0]
         launch._functions[(spec, 0)] = shipped
         names = list(graphs)
         samples = {name: [] for name in names}
         for r in range(a.replays):
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]
-                samples[name].append(replay_us(graphs[name], streams, a.calls))
-        for c in comms:
-            c.check()
+                per_rank = timing.replay_times(group, graphs[name], a.calls, 1)
+                samples[name].append(max(times[0] for times in per_rank))  # the slowest rank
         base = statistics.median(samples["no checks"])
         for name in names:
-            med = statistics.median(samples[name])
-            rows.append(f"| {m} | {spec.op.value} | {name} | {med:.2f} | {quantile(samples[name], 0.25):.2f}-"
-                        f"{quantile(samples[name], 0.75):.2f} | {100 * (med - base) / base:+.1f}% |")
+            q1, med, q3 = statistics.quantiles(samples[name], n=4)  # the middle cut is the median
+            rows.append(f"| {m} | {spec.op.value} | {name} | {med:.2f} | {q1:.2f}-{q3:.2f} | "
+                        f"{100 * (med - base) / base:+.1f}% |")
         del graphs
-    for c in comms:
-        c.close()
+    group.close()
     lines = [f"# Cost of the timeout + mismatch checks: allreduce_rmsnorm bf16 n={a.n}, N={a.ranks} ranks on one "
              f"{torch.cuda.get_device_name(0)} (single-GPU emulation), {a.calls} calls per graph replay, "
              f"{a.replays} rounds of alternating replays, slowest rank", "",

@@ -231,3 +231,18 @@ def test_a_check_failing_on_one_rank_raises_on_every_rank():
     _agreed_check(AllPassed(), lambda: None)
     with pytest.raises(BenchError, match="mine"):
         _agreed_check(AllPassed(), lambda: (_ for _ in ()).throw(BenchError("mine")))
+
+
+def test_communicator_size_rule_is_the_stored_rule_of_the_shape(monkeypatch):
+    import fused_ar.communicator as communicator
+
+    monkeypatch.setattr(communicator, "current_runtime", lambda: None)  # no device is touched
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm._init_fields(0, 2, 0, 1 << 20)
+    assert comm.size_rule(DType.BF16, 7168) == SizeRule()  # no thresholds file: the built-in table
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm._init_fields(0, 2, 0, 1 << 20)
+    comm._thresholds = Thresholds("sm_90", 2, {Thresholds.key("bfloat16", 7168): SizeRule(1, 2)})
+    for _ in range(2):  # the second lookup comes from the per-shape memo
+        assert comm.size_rule(DType.BF16, 7168) == SizeRule(1, 2)
+        assert comm.size_rule(DType.FP16, 7168) == SizeRule() and comm.size_rule(DType.BF16, 4096) == SizeRule()

@@ -14,7 +14,7 @@ import torch
 
 from fused_ar import Communicator, FusedArError, MismatchError, PeerTimeoutError
 from tests.reference import allreduce_reference, assert_rmsnorm_matches
-from tests.gpu.test_communicator_gpu import spawn_ranks
+from tests.gpu.test_communicator_gpu import make_inputs, spawn_ranks
 
 pytestmark = pytest.mark.gpu
 
@@ -23,18 +23,11 @@ SHAPES = [(1, 4096), (3, 2880), (16, 7168), (17, 8192), (128, 8192), (1000, 4096
 TIMEOUT_S = 2.0
 
 
-def _inputs(world, m, n, dtype, seed, device):
-    g = torch.Generator(device=device).manual_seed(seed)
-    xs = [torch.randn(m, n, device=device, dtype=dtype, generator=g) for _ in range(world)]
-    return xs, torch.randn(m, n, device=device, dtype=dtype, generator=g), \
-        torch.rand(n, device=device, dtype=dtype, generator=g) + 0.5
-
-
 def _paths_and_stress(comm, rank, world, device, per_gpu):
     paths = ("1stage", "2stage", "auto") + (("fallback",) if per_gpu else ())
     for dtype in DTYPES:
         for m, n in SHAPES:
-            xs, residual, weight = _inputs(world, m, n, dtype, seed=m * 31 + n, device=device)
+            xs, residual, weight = make_inputs(world, m, n, dtype, seed=m * 31 + n)
             for path in paths:
                 out, ro = comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path)
                 ar = comm.allreduce(xs[rank], path=path)
@@ -46,7 +39,7 @@ def _paths_and_stress(comm, rank, world, device, per_gpu):
                 assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
                 assert torch.equal(ar, allreduce_reference(xs)), f"{path} {dtype} m={m} n={n}: all-reduce differs"
     for path in ("1stage", "2stage"):  # 200 calls back to back, results kept, checked at the end
-        sets = [_inputs(world, 16, 4096, torch.bfloat16, seed=1000 + i, device=device) for i in range(200)]
+        sets = [make_inputs(world, 16, 4096, torch.bfloat16, seed=1000 + i) for i in range(200)]
         results = [comm.allreduce_rmsnorm(xs[rank], res, w, path=path) for xs, res, w in sets]
         torch.cuda.synchronize()
         comm.check()
@@ -59,13 +52,13 @@ def _graphs(comm, rank, world, device):
     weight = torch.rand(n, device=device, dtype=dtype) + 0.5
     graphs = {}
     for m in (1, 16, 128):
-        xs, residual, _ = _inputs(world, m, n, dtype, seed=m, device=device)
+        xs, residual, _ = make_inputs(world, m, n, dtype, seed=m)
         comm.allreduce_rmsnorm(xs[rank], residual, weight)
         comm.allreduce(xs[rank])
     torch.cuda.synchronize()
     with comm.capture():
         for m in (1, 16, 128):
-            xs, residual, _ = _inputs(world, m, n, dtype, seed=m + 1, device=device)
+            xs, residual, _ = make_inputs(world, m, n, dtype, seed=m + 1)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outs = (*comm.allreduce_rmsnorm(xs[rank], residual, weight), comm.allreduce(xs[rank]))
@@ -73,7 +66,7 @@ def _graphs(comm, rank, world, device):
     for rep in range(3):
         for m in ((1, 16, 128) if rep % 2 == 0 else (128, 16, 1)):
             xs, residual, outs, graph = graphs[m]
-            new, new_res, _ = _inputs(world, m, n, dtype, seed=100 * rep + m, device=device)
+            new, new_res, _ = make_inputs(world, m, n, dtype, seed=100 * rep + m)
             xs[rank].copy_(new[rank])
             residual.copy_(new_res)
             for t in outs:
@@ -87,7 +80,7 @@ def _graphs(comm, rank, world, device):
 
 
 def _timeout(comm, rank, world, device, make):
-    xs, residual, weight = _inputs(world, 8, 4096, torch.bfloat16, seed=5, device=device)
+    xs, residual, weight = make_inputs(world, 8, 4096, torch.bfloat16, seed=5)
     comm.allreduce_rmsnorm(xs[rank], residual, weight)
     torch.cuda.synchronize()
     comm.check()
@@ -110,7 +103,7 @@ def _timeout(comm, rank, world, device, make):
 
 def _mismatch(comm, rank, world, device):
     m = 4 if rank == 0 else 8
-    xs, residual, weight = _inputs(world, m, 4096, torch.bfloat16, seed=m, device=device)
+    xs, residual, weight = make_inputs(world, m, 4096, torch.bfloat16, seed=m)
     start = time.monotonic()
     out, _ = comm.allreduce_rmsnorm(xs[rank], residual, weight, out=torch.full_like(residual, float("nan")))
     torch.cuda.synchronize()
