@@ -24,6 +24,7 @@ _LAZY = {
     "InputError": "errors",
     "CompileError": "errors",
     "CompilerUnavailableError": "errors",
+    "UnsupportedArchError": "errors",
     "CacheTrustError": "errors",
     "ConfigError": "errors",
     "DeviceError": "errors",

@@ -1,8 +1,9 @@
-"""The disk cache of compiled kernels (DESIGN.md section 4): key, layout, atomic writes, locks, trust.
+"""The disk cache of compiled kernels: key, layout, sidecar schema, atomic writes, locks, trust.
 
 Wraps any `Compiler`: look, lock, look again, build. Entries are `<root>/<key[:2]>/<key>.bin` (code
 object) and `<key>.json` (sidecar: spec, lowered names, compiler, options, digest); the sidecar is written
-last and is the commit point. It never launches anything and never decides what to build.
+last and is the commit point. Every file is read through `trust` (no symlinks, regular, owned, bounded);
+a malformed or foreign entry is a miss. It never launches anything and never decides what to build.
 """
 
 from __future__ import annotations
@@ -10,28 +11,39 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
-import tempfile
+import re
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Literal, Optional, Sequence
+from typing import Any, Iterator, Literal, Optional, Sequence
 
-import filelock
-
-from . import env
+from . import env, trust
 from ._version import __version__
 from .compiler import CompiledKernel, Compiler, compiler_for
-from .errors import CacheTrustError, FusedArError
+from .errors import CacheTrustError
+from .locks import LockDir
 from .render import Source, render
 from .spec import KernelSpec
 
 # Bump when the entry layout or the meaning of a key field changes: old entries then simply miss.
 SCHEMA_VERSION = 1
+# Bounds on what is read from disk: a sidecar is a few hundred bytes plus the log kept in it; the
+# largest code object the matrix makes is ~60 KiB (fp32 CUBIN).
+SIDECAR_MAX_BYTES = 16 << 10
+LOG_KEEP_CHARS = 8 << 10
+CODE_MAX_BYTES = 16 << 20
 
 Status = Literal["built", "cached"]
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+_SHARD = re.compile(r"[0-9a-f]{2}")
+_ENTRY_FILE = re.compile(r"([0-9a-f]{64})\.(bin|json)")
+_TEMP_FILE = re.compile(r"\.([0-9a-f]{64})\.(bin|json)\.[0-9a-f]+\.tmp")
+# What else the library keeps in a cache directory (fused_ar.probe, fused_ar.thresholds).
+STATE_DIRS = ("probes", "thresholds")
 
 
 def cache_key(source_text: str, options: Sequence[str], arch: str, compiler_identity: str,
@@ -50,34 +62,47 @@ def _digest(code: bytes) -> str:
     return hashlib.sha256(code).hexdigest()
 
 
-def _check_trusted(path: Path) -> None:
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CacheTrustError(
-            f"refusing to use {path}: owned by uid {st.st_uid} with mode {stat.filemode(st.st_mode)}; "
-            f"code objects load only from a directory owned by uid {os.getuid()} and not writable by "
-            f"group or others (fix: chmod go-w {path}, or set {env.CACHE_DIR.name} to a private directory)")
+_SIDECAR_FIELDS: dict[str, Any] = {"key": str, "schema": int, "version": str, "spec": dict, "lowered_names": dict,
+                                   "compiler": str, "options": list, "arch": str, "digest": str, "size": int,
+                                   "log": str, "created": (int, float)}
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def parse_sidecar(raw: bytes, key: str, code: Optional[bytes], spec: Optional[KernelSpec] = None) -> tuple[Optional[dict], str]:
+    """(sidecar, "") when `raw` is a well-formed sidecar of `key` (for `spec`, matching `code`), else (None, why)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+        meta = json.loads(raw)
+    except ValueError as exc:
+        return None, f"its sidecar is not JSON ({exc})"
+    if not isinstance(meta, dict):
+        return None, f"its sidecar is a JSON {type(meta).__name__}, not an object"
+    for name, kind in _SIDECAR_FIELDS.items():
+        if name not in meta:
+            return None, f"its sidecar has no field {name!r}"
+        if not isinstance(meta[name], kind) or isinstance(meta[name], bool):
+            return None, f"its sidecar's {name!r} is {type(meta[name]).__name__}"
+    if meta["key"] != key or meta["schema"] != SCHEMA_VERSION:
+        return None, f"its sidecar describes key {meta['key'][:16]}... schema {meta['schema']}"
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        stored = KernelSpec.from_dict(meta["spec"])
+    except (TypeError, ValueError) as exc:
+        return None, f"its sidecar's spec is invalid ({exc})"
+    if spec is not None and stored != spec:
+        return None, f"its sidecar is for {stored}, not {spec}"
+    names = meta["lowered_names"]
+    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in names.items()) \
+            or stored.kernel_name not in names or not all(isinstance(o, str) for o in meta["options"]):
+        return None, f"its sidecar's lowered names or options are malformed (kernel {stored.kernel_name})"
+    if code is not None and (meta["digest"] != _digest(code) or meta["size"] != len(code)):
+        return None, "its code object does not match the sidecar's digest"
+    return meta, ""
+
+
+def _sidecar(key: str, kernel: CompiledKernel, spec: KernelSpec) -> bytes:
+    meta = {"key": key, "schema": SCHEMA_VERSION, "version": __version__, "spec": spec.to_dict(),
+            "lowered_names": kernel.lowered_names, "compiler": kernel.compiler, "options": list(kernel.options),
+            "arch": kernel.arch, "digest": _digest(kernel.code), "size": len(kernel.code),
+            "log": kernel.log[:LOG_KEEP_CHARS], "created": time.time()}
+    return json.dumps(meta, indent=1, sort_keys=True).encode()
 
 
 @dataclass(frozen=True)
@@ -86,180 +111,264 @@ class Lookup:
     key: str
     status: Status
     seconds: float
+    saved: bool = True  # False: built, but kept in memory only (the cache directory could not take it)
 
 
 @dataclass(frozen=True)
 class Entry:
+    """One key found in a cache directory: its sidecar when well-formed, else what is wrong with it."""
+
     key: str
-    meta_path: Path
-    meta: dict
+    path: Path
+    meta: Optional[dict]
+    problem: str = ""
 
 
-class KernelCache:
-    """One cache directory. Create through `default_cache()` unless a test or tool needs its own root."""
+def check_root(root: Path) -> None:
+    """Refuses a cache directory that is `/`, the home directory, or a directory of other programs' files."""
+    resolved = Path(os.path.abspath(root))
+    if resolved == Path("/") or resolved == Path(os.path.abspath(Path.home())):
+        raise CacheTrustError(f"refusing cache directory {root}: it is {resolved} itself; give fused_ar a "
+                              f"directory of its own (the default is ~/.cache/fused_ar)")
 
-    def __init__(self, root: Path, lock_root: Path, lock_timeout_s: float) -> None:
+
+def _foreign(names: Sequence[str]) -> list[str]:
+    return [n for n in names if not (_SHARD.fullmatch(n) or n in STATE_DIRS)]
+
+
+class CacheDir:
+    """One directory of entries, trusted when owned by one of `owners` and writable by nobody else."""
+
+    def __init__(self, root: Path, owners: Optional[frozenset[int]] = None) -> None:
         self.root = Path(root)
-        self.lock_root = Path(lock_root)
-        self.lock_timeout_s = lock_timeout_s
+        self.owners = trust.me() if owners is None else owners
         self._state: Optional[Literal["disk", "readonly", "memory"]] = None
-        self._locks_usable: Optional[bool] = None
-        self._memory: dict[str, CompiledKernel] = {}
 
-    # -- directory state ---------------------------------------------------------------------------
     def _fallback(self, state: Literal["readonly", "memory"], why: str) -> None:
         self._state = state
         what = "compiled kernels are kept in memory only" if state == "memory" else "new kernels are not saved"
         warnings.warn(f"fused_ar kernel cache {self.root} is not writable ({why}): {what} for this process",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=5)
 
-    def state(self) -> str:
-        if self._state is None:
-            try:
-                self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as exc:
-                self._fallback("memory", str(exc))
-                return self._state
-            _check_trusted(self.root)
-            if not os.access(self.root, os.W_OK):
-                self._fallback("readonly", "permission denied")
-            else:
-                self._state = "disk"
+    def state(self, create: bool = True) -> str:
+        """disk | readonly | memory (| absent, when not `create` and the directory does not exist).
+        Raises CacheTrustError for a directory fused_ar must not use."""
+        if self._state is not None:
+            return self._state
+        check_root(self.root)
+        try:
+            if create:
+                self.root.parent.mkdir(parents=True, exist_ok=True)
+            with trust.opened_dir(self.root, create=create, owners=self.owners) as fd:
+                foreign = _foreign(trust.names_in(fd))
+        except CacheTrustError:
+            raise
+        except FileNotFoundError as exc:
+            if not create:
+                return "absent"
+            self._fallback("memory", str(exc))
+            return self._state
+        except OSError as exc:
+            self._fallback("memory", exc.strerror or str(exc))
+            return self._state
+        if foreign:
+            raise CacheTrustError(f"refusing cache directory {self.root}: it holds files that are not fused_ar's "
+                                  f"({', '.join(repr(n) for n in foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                                  f"give fused_ar a directory of its own")
+        if os.access(self.root, os.W_OK):
+            self._state = "disk"
+        else:
+            self._fallback("readonly", "permission denied")
         return self._state
 
-    def _shard(self, key: str) -> Path:
-        return self.root / key[:2]
-
     def paths(self, key: str) -> tuple[Path, Path]:
-        shard = self._shard(key)
+        shard = self.root / key[:2]
         return shard / f"{key}.bin", shard / f"{key}.json"
 
-    # -- read / write ------------------------------------------------------------------------------
-    def read(self, key: str) -> Optional[CompiledKernel]:
-        """The verified entry for `key`, or None (absent, partial or corrupt entries are misses)."""
-        if key in self._memory:
-            return self._memory[key]
-        if self.state() == "memory":
+    def read(self, key: str, spec: Optional[KernelSpec] = None) -> Optional[CompiledKernel]:
+        """The verified entry for `key`, or None: absent, partial, malformed, foreign or corrupt entries miss."""
+        if not _KEY.fullmatch(key) or self.state(create=False) in ("memory", "absent"):
             return None
         bin_path, meta_path = self.paths(key)
-        shard = self._shard(key)
-        if shard.is_dir():
-            _check_trusted(shard)
         try:
-            meta = json.loads(meta_path.read_text())
-            code = bin_path.read_bytes()
-        except (OSError, ValueError):
+            with trust.opened_dir(self.root, owners=self.owners) as root_fd, \
+                    trust.opened_dir(key[:2], root_fd, owners=self.owners) as shard_fd:
+                raw = trust.read_at(shard_fd, meta_path.name, SIDECAR_MAX_BYTES, meta_path, self.owners)
+                code = raw and trust.read_at(shard_fd, bin_path.name, CODE_MAX_BYTES, bin_path, self.owners)
+        except FileNotFoundError:  # never made, or removed by `cache clear` meanwhile
             return None
-        if meta.get("key") != key or meta.get("digest") != _digest(code):
+        if not raw or not code:
             return None
-        kernel = CompiledKernel(code, dict(meta["lowered_names"]), meta.get("log", ""), meta["compiler"],
-                                tuple(meta["options"]), meta["arch"])
-        self._memory[key] = kernel
+        meta, why = parse_sidecar(raw, key, code, spec)
+        if meta is None:
+            trust.warn_once(meta_path, why + " (a miss)")
+            return None
+        return CompiledKernel(code, dict(meta["lowered_names"]), meta["log"], meta["compiler"], tuple(meta["options"]),
+                              meta["arch"])
+
+    def write(self, key: str, kernel: CompiledKernel, spec: KernelSpec, file_mode: int = 0o600,
+              dir_mode: int = 0o700) -> bool:
+        """Stores the entry (code object first, sidecar last); False when the directory cannot take it."""
+        if self.state() != "disk":
+            return False
+        try:
+            with trust.opened_dir(self.root, owners=self.owners) as root_fd, \
+                    trust.opened_dir(key[:2], root_fd, create=True, mode=dir_mode, owners=self.owners) as shard_fd:
+                trust.write_at(shard_fd, f"{key}.bin", kernel.code, file_mode)
+                trust.write_at(shard_fd, f"{key}.json", _sidecar(key, kernel, spec), file_mode)
+        except CacheTrustError:
+            raise
+        except OSError as exc:  # disk full, directory turned read-only: keep serving from memory
+            self._fallback("readonly", exc.strerror or str(exc))
+            return False
+        return True
+
+    def _shards(self) -> Iterator[tuple[str, int, list[str]]]:
+        """(shard name, descriptor, entry names) of each trusted shard; untrusted shards raise."""
+        try:
+            with trust.opened_dir(self.root, owners=self.owners) as root_fd:
+                for shard in trust.names_in(root_fd):
+                    if not _SHARD.fullmatch(shard):
+                        continue
+                    try:
+                        with trust.opened_dir(shard, root_fd, owners=self.owners) as fd:
+                            yield shard, fd, trust.names_in(fd)
+                    except FileNotFoundError:
+                        continue
+        except FileNotFoundError:
+            return
+
+    def entries(self) -> Iterator[Entry]:
+        """Every key with a sidecar or a code object, checked as `read` checks it (an orphan code object is
+        an entry with a problem)."""
+        for shard, fd, names in self._shards():
+            keys = sorted({m.group(1) for m in map(_ENTRY_FILE.fullmatch, names) if m and m.group(1)[:2] == shard})
+            for key in keys:
+                bin_path, meta_path = self.paths(key)
+                raw = trust.read_at(fd, meta_path.name, SIDECAR_MAX_BYTES, meta_path, self.owners)
+                if raw is None:
+                    what = "a code object with no sidecar (an orphan)" if bin_path.name in names else "no valid sidecar"
+                    yield Entry(key, meta_path, None, what)
+                    continue
+                code = trust.read_at(fd, bin_path.name, CODE_MAX_BYTES, bin_path, self.owners)
+                meta, why = parse_sidecar(raw, key, code, None)
+                if code is None:
+                    why = "its code object is missing or untrusted"
+                yield Entry(key, meta_path, meta if code is not None else None, why)
+
+    def clear(self) -> list[str]:
+        """Removes the key-named regular files (and stray temp files of killed writers) of every trusted shard,
+        never through a symlink; returns the keys removed."""
+        removed: set[str] = set()
+        try:
+            with trust.opened_dir(self.root, owners=self.owners) as root_fd:
+                for shard in trust.names_in(root_fd):
+                    if not _SHARD.fullmatch(shard) or not trust.is_dir_entry(root_fd, shard):
+                        continue
+                    try:
+                        with trust.opened_dir(shard, root_fd, owners=self.owners) as fd:
+                            for name in trust.names_in(fd):
+                                entry, temp = _ENTRY_FILE.fullmatch(name), _TEMP_FILE.fullmatch(name)
+                                match = entry or temp
+                                if match and match.group(1)[:2] == shard and trust.unlink_regular(fd, name) and entry:
+                                    removed.add(match.group(1))
+                    except FileNotFoundError:
+                        continue
+                    try:
+                        os.rmdir(shard, dir_fd=root_fd)
+                    except OSError:
+                        pass  # not empty: something that is not ours stays, untouched
+        except FileNotFoundError:
+            pass
+        return sorted(removed)
+
+
+class KernelCache:
+    """The writable cache directory and its build locks. Create through `default_cache()` unless a test or
+    tool needs its own root."""
+
+    def __init__(self, root: Path, lock_root: Path, lock_timeout_s: float) -> None:
+        self.dir = CacheDir(root)
+        self.locks = LockDir(lock_root, lock_timeout_s)
+        self._memory: dict[str, CompiledKernel] = {}
+
+    @property
+    def root(self) -> Path:
+        return self.dir.root
+
+    @property
+    def lock_root(self) -> Path:
+        return self.locks.root
+
+    @property
+    def lock_timeout_s(self) -> float:
+        return self.locks.timeout_s
+
+    def state(self, create: bool = True) -> str:
+        return self.dir.state(create)
+
+    def paths(self, key: str) -> tuple[Path, Path]:
+        return self.dir.paths(key)
+
+    def read(self, key: str, spec: Optional[KernelSpec] = None) -> Optional[CompiledKernel]:
+        kernel = self._memory.get(key)
+        if kernel is None:
+            kernel = self.dir.read(key, spec)
+            if kernel is not None:
+                self._memory[key] = kernel
         return kernel
 
-    def write(self, key: str, kernel: CompiledKernel, spec: KernelSpec) -> None:
+    def write(self, key: str, kernel: CompiledKernel, spec: KernelSpec) -> bool:
         self._memory[key] = kernel
-        if self.state() != "disk":
-            return
-        bin_path, meta_path = self.paths(key)
-        try:
-            bin_path.parent.mkdir(exist_ok=True, mode=0o700)
-        except OSError as exc:
-            self._fallback("readonly", str(exc))
-            return
-        _check_trusted(bin_path.parent)
-        try:
-            _atomic_write(bin_path, kernel.code)
-            meta = {"key": key, "schema": SCHEMA_VERSION, "version": __version__, "spec": spec.to_dict(),
-                    "lowered_names": kernel.lowered_names, "compiler": kernel.compiler,
-                    "options": list(kernel.options), "arch": kernel.arch, "digest": _digest(kernel.code),
-                    "size": len(kernel.code), "log": kernel.log, "created": time.time()}
-            _atomic_write(meta_path, json.dumps(meta, indent=1, sort_keys=True).encode())
-        except OSError as exc:  # disk full, directory turned read-only: keep serving from memory
-            self._fallback("readonly", str(exc))
-
-    # -- locking -----------------------------------------------------------------------------------
-    def _lock(self, key: str) -> Optional[filelock.BaseFileLock]:
-        if self._locks_usable is None:
-            try:
-                self.lock_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-                _check_trusted(self.lock_root)
-                self._locks_usable = os.access(self.lock_root, os.W_OK)
-            except OSError:
-                self._locks_usable = False
-            if not self._locks_usable:
-                warnings.warn(f"fused_ar lock directory {self.lock_root} is unusable: processes may build the "
-                              "same kernel twice (entries stay consistent)", RuntimeWarning, stacklevel=4)
-        if not self._locks_usable:
-            return None
-        # flock-based: the kernel drops it when the holder dies, so a killed builder blocks nobody.
-        return filelock.FileLock(str(self.lock_root / f"{key}.lock"), timeout=self.lock_timeout_s)
+        return self.dir.write(key, kernel, spec)
 
     # -- the double-checked build ------------------------------------------------------------------
     def compile_cached(self, source: Source, compiler: Compiler, arch: str) -> Lookup:
         start = time.perf_counter()
         key = cache_key(source.text, compiler.options(arch), arch, compiler.identity())
-        kernel = self.read(key)
+        kernel = self.read(key, source.spec)
         if kernel is not None:
             return Lookup(kernel, key, "cached", time.perf_counter() - start)
-        lock = None if self.state() == "memory" else self._lock(key)
-        try:
-            if lock is not None:
-                lock.acquire()
-        except filelock.Timeout:
-            raise FusedArError(f"waited {self.lock_timeout_s:.0f} s for another process building {source.spec} "
-                               f"(lock {lock.lock_file}; raise {env.LOCK_TIMEOUT_S.name} or remove a hung "
-                               "builder)") from None
-        try:
-            kernel = self.read(key)
+        if self.state() == "memory":
+            kernel = compiler.compile(source, arch)
+            self._memory[key] = kernel
+            return Lookup(kernel, key, "built", time.perf_counter() - start, saved=False)
+        with self.locks.held(key, f"building {source.spec}"):
+            kernel = self.read(key, source.spec)
             if kernel is not None:
                 return Lookup(kernel, key, "cached", time.perf_counter() - start)
             kernel = compiler.compile(source, arch)
-            self.write(key, kernel, source.spec)
-            return Lookup(kernel, key, "built", time.perf_counter() - start)
-        finally:
-            if lock is not None:
-                lock.release()
+            saved = self.write(key, kernel, source.spec)
+            return Lookup(kernel, key, "built", time.perf_counter() - start, saved)
 
     def get(self, spec: KernelSpec, compiler: Optional[Compiler] = None) -> Lookup:
         return self.compile_cached(render(spec), compiler or compiler_for(spec.arch), spec.arch)
 
     # -- maintenance (cache info | clear | verify) ----------------------------------------------------
     def entries(self) -> Iterator[Entry]:
-        if not self.root.is_dir():
-            return
-        for meta_path in sorted(self.root.glob("??/*.json")):
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError):
-                meta = {}
-            yield Entry(meta_path.stem, meta_path, meta)
+        if self.state(create=False) in ("memory", "absent"):
+            return iter(())
+        return self.dir.entries()
 
-    def verify(self) -> tuple[int, list[str]]:
-        """(good entries, keys of entries whose code object is missing or does not match its digest)."""
+    def verify(self) -> tuple[int, list[Entry]]:
+        """(good entries, the bad ones: orphan, malformed, foreign or corrupt, each with its problem)."""
         self._memory.clear()
         good, bad = 0, []
         for entry in self.entries():
-            if self.read(entry.key) is None:
-                bad.append(entry.key)
+            if entry.meta is None or entry.problem:
+                bad.append(entry)
             else:
                 good += 1
         return good, bad
 
     def clear(self) -> int:
-        """Removes every entry (and stray temp files of killed writers); returns the entries removed."""
-        removed = sum(1 for _ in self.entries())
-        if self.root.is_dir():
-            for path in self.root.glob("??/*"):
-                if path.suffix in (".bin", ".json", ".tmp"):
-                    path.unlink(missing_ok=True)
-            for shard in self.root.glob("??"):
-                try:
-                    shard.rmdir()
-                except OSError:
-                    pass
+        """Removes every entry, stray temp files and the build locks of this cache; returns the entries removed."""
         self._memory.clear()
-        return removed
+        if self.state(create=False) in ("memory", "absent"):
+            return 0
+        removed = self.dir.clear()
+        self.locks.clear()
+        return len(removed)
 
 
 @lru_cache(maxsize=None)
@@ -270,3 +379,17 @@ def _cache_at(root: Path, lock_root: Path, lock_timeout_s: float) -> KernelCache
 def default_cache() -> KernelCache:
     """The cache the environment selects (FUSED_AR_CACHE_DIR etc.), one object per directory per process."""
     return _cache_at(env.cache_dir(), env.lock_dir(), env.LOCK_TIMEOUT_S.get())
+
+
+@contextmanager
+def state_dir(name: str, create: bool = False) -> Iterator[tuple[int, Path]]:
+    """(descriptor, path) of the trusted subdirectory `name` of the cache directory, where the library keeps
+    state files (fused_ar.probe's verdicts, fused_ar.thresholds). Raises FileNotFoundError when it does not
+    exist (or the cache lives in memory only), CacheTrustError when it must not be used."""
+    if name not in STATE_DIRS:
+        raise ValueError(f"unknown state directory {name!r}")
+    cache = default_cache()
+    if cache.state(create=create) in ("memory", "absent"):
+        raise FileNotFoundError(f"{cache.root} is not usable")
+    with trust.opened_dir(cache.root) as root_fd, trust.opened_dir(name, root_fd, create=create) as fd:
+        yield fd, cache.root / name

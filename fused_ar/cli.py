@@ -1,39 +1,154 @@
-"""The command line: `python -m fused_ar source | warm | cache | info | demo | bench`.
+"""The command line: `python -m fused_ar source | warm | cache | info | demo | bench` (also `fused-ar`).
 
-Commands parse their arguments and call library functions; none of them holds kernel, cache or launch
-logic of its own. Warming runs in parallel worker processes and works on a machine without a GPU.
+Every argument and every environment variable is checked before any work, with the library's own rules
+(fused_ar.spec, fused_ar.env): a bad value ends in one line, `fused_ar: error: ...`, and exit status 2.
+Commands call library functions; none holds kernel, cache or launch logic of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Optional, Sequence
+import warnings
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ._version import __version__
 from .errors import FusedArError
-from .spec import DEFAULT_PACK, DType, KernelSpec, Op
+from .spec import BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op, platform_of_arch
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+# A size list is expanded in memory: more than this many sizes is a typo, not a benchmark.
+MAX_SIZES = 4096
 
 
-def _csv(kind):
-    def parse(text: str) -> list:
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `fused_ar: error: <what> <value>: <rule>`, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        ours = re.fullmatch(r"argument [^:]+: (\S+ '.*': .*)", message, re.S)
+        fail(ours.group(1) if ours else message.replace("argument ", "", 1))
+
+
+def fail(message: str) -> NoReturn:
+    print(f"fused_ar: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+class _Bad(ValueError):
+    """A value that breaks a rule; `value` is the offending item (one element of a list)."""
+
+    def __init__(self, value: str, rule: str) -> None:
+        super().__init__(rule)
+        self.value = value
+
+
+def _rule(exc: Exception) -> str:
+    """The rule part of a library error ("unknown arch 'x': expected ..." -> "expected ...")."""
+    text = str(exc)
+    return text.split(": ", 1)[1] if text.startswith(("unknown ", "unsupported ")) and ": " in text else text
+
+
+def _type(what: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type whose error reads `<what> <value>: <rule>`."""
+    def checked(text: str) -> Any:
         try:
-            return [kind(part) for part in text.split(",") if part]
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            return parse(text)
+        except _Bad as exc:
+            raise argparse.ArgumentTypeError(f"{what} {exc.value!r}: {exc}") from None
+        except (ValueError, FusedArError) as exc:
+            raise argparse.ArgumentTypeError(f"{what} {text!r}: {_rule(exc)}") from None
+    checked.__name__ = what
+    return checked
+
+
+def _one_of(allowed: Sequence[int]) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) not in allowed:
+            raise ValueError(f"must be one of {', '.join(map(str, allowed))}")
+        return int(text)
     return parse
+
+
+def _at_least_one(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError("must be a whole number >= 1")
+    return int(text)
+
+
+def _arch(text: str) -> str:
+    platform_of_arch(text)
+    return text
+
+
+def _list(parse: Callable[[str], Any]) -> Callable[[str], list]:
+    """Comma-separated values, each through `parse`; at least one, no repeats."""
+    def parse_all(text: str) -> list:
+        items = [part.strip() for part in text.split(",")]
+        if not text.strip() or any(not item for item in items):
+            raise ValueError("a comma-separated list with no empty item")
+        values = []
+        for item in items:
+            try:
+                values.append(parse(item))
+            except (ValueError, FusedArError) as exc:
+                raise _Bad(item, _rule(exc)) from None
+        return list(dict.fromkeys(values))
+    return parse_all
+
+
+def _dtype(text: str) -> DType:
+    return DType.parse(text)
+
+
+def _sizes(text: str) -> list[int]:
+    """'1,2,4', '1..1024' (doubling), '64..512:64' (a step), or a mix: sorted, without repeats."""
+    sizes: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise ValueError("a list of sizes and ranges with no empty item")
+        if ".." not in part:
+            sizes.add(_at_least_one(part))
+            continue
+        low, _, rest = part.partition("..")
+        high, _, step = rest.partition(":")
+        a, b = _at_least_one(low), _at_least_one(high)
+        s = _at_least_one(step) if step else 0
+        if b < a:
+            raise ValueError("a range is LOW..HIGH or LOW..HIGH:STEP with 1 <= LOW <= HIGH")
+        count = (b - a) // s + 1 if s else (b // a).bit_length()
+        if len(sizes) + count > MAX_SIZES:
+            raise ValueError(f"names more than {MAX_SIZES} sizes")
+        value = a
+        while value <= b:
+            sizes.add(value)
+            value = value + s if s else value * 2
+    return sorted(sizes)
 
 
 def _paths(text: str) -> list[str]:
     from .bench.paths import parse_paths
 
-    try:
-        return parse_paths(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse_paths(text)
+
+
+def check_environment() -> list[tuple[str, str, str]]:
+    """(name, raw value, problem or "") of every variable fused_ar reads."""
+    from . import env
+
+    rows = []
+    for var in env.VARIABLES:
+        raw = os.environ.get(var.name, "")
+        try:
+            var.get()
+            problem = ""
+        except FusedArError as exc:
+            problem = str(exc)
+        rows.append((var.name, raw, problem))
+    return rows
 
 
 def _default_arch() -> Optional[str]:
@@ -59,28 +174,41 @@ def _archs(args: argparse.Namespace) -> list[str]:
     return [arch]
 
 
+def _usable_archs(archs: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(archs a compiler here can build, one line per arch it cannot: why)."""
+    from .compiler import compiler_for
+
+    usable, refused = [], []
+    for arch in archs:
+        try:
+            compiler_for(arch).check_arch(arch)
+            usable.append(arch)
+        except FusedArError as exc:
+            refused.append(f"{arch}: {exc}")
+    return usable, refused
+
+
 # -- source -------------------------------------------------------------------------------------------
 def cmd_source(args: argparse.Namespace) -> int:
+    from .kernels import kernel_def
     from .render import render
 
     arch = _archs(args)[0]
-    spec = KernelSpec(Op(args.op), args.dtype, arch, args.pack, args.ngpus, args.block)
+    op = Op(args.op)
+    if args.ngpus not in kernel_def(op).ngpus:
+        fail(f"ngpus {args.ngpus}: {op.value} takes {', '.join(map(str, kernel_def(op).ngpus))}")
+    try:
+        spec = KernelSpec(op, args.dtype, arch, args.pack, args.ngpus, args.block)
+    except ValueError as exc:
+        fail(str(exc))
     sys.stdout.write(render(spec).text)
     return 0
 
 
 # -- warm ---------------------------------------------------------------------------------------------
-def _warm_one(spec_dict: dict) -> tuple[dict, str, float, str]:
-    """Worker: compile one spec through the default cache. Returns (spec, status, seconds, error)."""
-    from .cache import default_cache
-
-    spec = KernelSpec.from_dict(spec_dict)
-    start = time.perf_counter()
-    try:
-        lookup = default_cache().get(spec)
-        return spec_dict, lookup.status, lookup.seconds, ""
-    except Exception as exc:  # reported per kernel; the summary counts it as failed
-        return spec_dict, "failed", time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+def _same_error(error: str, spec: KernelSpec) -> str:
+    """An error with what names its kernel taken out, so one repeated for every kernel is seen as one."""
+    return error.replace(str(spec), "<spec>").replace(spec.kernel_name, "<kernel>").splitlines()[0][:300]
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
@@ -88,53 +216,79 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from .compiler import compiler_for
     from .kernels import warm_matrix
     from .render import render
+    from .warm import Result, warm
 
-    archs = _archs(args)
-    for arch in archs:  # fail fast, with the reason, before any worker starts
-        compiler_for(arch).identity()
+    archs, refused = _usable_archs(_archs(args))
+    if not archs:
+        fail("; ".join(refused))
+    for line in refused:
+        print(f"warm: skipping {line}", file=sys.stderr)
     specs = warm_matrix(archs, args.dtype, args.ngpus)
     cache = default_cache()
     if args.dry_run:
         for spec in specs:
             compiler = compiler_for(spec.arch)
             key = cache_key(render(spec).text, compiler.options(spec.arch), spec.arch, compiler.identity())
-            state = "cached" if cache.read(key) is not None else "to build"
+            state = "cached" if cache.read(key, spec) is not None else "to build"
             print(f"{state:9s} {spec.kernel_name} ({spec.arch})")
-        print(f"warm --dry-run: {len(specs)} kernels for {','.join(archs)} in {cache.root}")
-        return 0
+        print(f"warm --dry-run: {len(specs)} kernels for {','.join(archs) or 'no arch'} in {cache.root}")
+        return 1 if refused else 0
 
+    state = cache.state()  # an untrusted directory stops here, with one line, before any worker starts
+    if state != "disk":
+        print(f"warm: {cache.root} is {_STATE_WORDS[state]}: what is compiled now cannot be saved", file=sys.stderr)
     jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(specs) or 1))
-    counts = {"built": 0, "cached": 0, "failed": 0}
+    counts = {"built": 0, "cached": 0, "failed": 0, "unsaved": 0}
+    seen_errors: dict[str, str] = {}
+    bar = _progress(len(specs))
     start = time.perf_counter()
-    bar = None
-    if sys.stderr.isatty():
-        try:
-            from tqdm import tqdm
 
-            bar = tqdm(total=len(specs), unit="kernel", desc="warm", file=sys.stderr)
-        except ImportError:
-            bar = None
-    import multiprocessing
+    def report(result: Result) -> None:
+        counts[result.status] += 1
+        counts["unsaved"] += result.status == "built" and not result.saved
+        line = f"[{sum(counts[k] for k in ('built', 'cached', 'failed'))}/{len(specs)}] {result.status:6s} " \
+               f"{result.seconds:6.2f}s {result.spec.kernel_name} ({result.spec.arch})"
+        if result.error:
+            same = _same_error(result.error, result.spec)
+            first = seen_errors.setdefault(same, result.spec.kernel_name)
+            line += f": {result.error}" if first == result.spec.kernel_name else f": the same error as {first}"
+        if bar is not None:
+            bar.update(1)
+            if result.error:
+                bar.write(line)
+        else:
+            print(line, flush=True)
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_warm_one, s.to_dict()) for s in specs]
-        for done, future in enumerate(as_completed(futures), 1):
-            spec_dict, status, seconds, error = future.result()
-            counts[status] += 1
-            name = KernelSpec.from_dict(spec_dict).kernel_name
-            line = f"[{done}/{len(specs)}] {status:6s} {seconds:6.2f}s {name} ({spec_dict['arch']})"
-            if bar is not None:
-                bar.update(1)
-                if error:
-                    bar.write(f"{line}: {error}")
-            else:
-                print(line + (f": {error}" if error else ""), flush=True)
+    try:
+        warm(specs, jobs, report)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        print(f"warm: interrupted; {counts['built']} compiled, {counts['cached']} already cached, "
+              f"{len(specs) - counts['built'] - counts['cached'] - counts['failed']} not done", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if bar is not None:
         bar.close()
-    print(f"warm: {len(specs)} kernels for {','.join(archs)}: {counts['built']} compiled, {counts['cached']} "
-          f"already cached, {counts['failed']} failed in {time.perf_counter() - start:.1f} s (-j {jobs}); "
-          f"cache {cache.root}")
-    return 1 if counts["failed"] else 0
+    saved = counts["built"] - counts["unsaved"]
+    print(f"warm: {len(specs)} kernels for {','.join(archs) or 'no arch'}: {counts['built']} compiled "
+          f"({saved} saved), {counts['cached']} already cached, {counts['failed']} failed in "
+          f"{time.perf_counter() - start:.1f} s (-j {jobs}); cache {cache.root}")
+    return 1 if counts["failed"] or counts["unsaved"] or refused else 0
+
+
+_STATE_WORDS = {"disk": "writable", "readonly": "read-only", "memory": "not usable (kept in memory only)",
+                "absent": "not created yet"}
+
+
+def _progress(total: int) -> Any:
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="kernel", desc="warm", file=sys.stderr)
+    except ImportError:
+        return None
 
 
 # -- cache / info ---------------------------------------------------------------------------------------
@@ -142,24 +296,24 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from .cache import default_cache
 
     cache = default_cache()
+    state = cache.state(create=False)
     if args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.root}")
         return 0
     if args.action == "verify":
         good, bad = cache.verify()
-        for key in bad:
-            print(f"corrupt or partial: {key}")
+        for entry in bad:
+            print(f"bad entry {entry.key}: {entry.problem}")
         print(f"verified {good} entries in {cache.root}; {len(bad)} bad (they are rebuilt on next use)")
         return 1 if bad else 0
-    entries = list(cache.entries())
-    size = sum(e.meta.get("size", 0) for e in entries)
-    print(f"cache directory: {cache.root} ({cache.state()})")
+    entries = [e for e in cache.entries() if e.meta is not None]
+    size = sum(e.meta["size"] for e in entries)
+    print(f"cache directory: {cache.root} ({_STATE_WORDS[state]})")
     print(f"lock directory:  {cache.lock_root}")
     print(f"entries:         {len(entries)} ({size / 1024:.0f} KiB of code objects)")
     by_arch: dict[str, int] = {}
     for e in entries:
-        arch = e.meta.get("arch", "?")
-        by_arch[arch] = by_arch.get(arch, 0) + 1
+        by_arch[e.meta["arch"]] = by_arch.get(e.meta["arch"], 0) + 1
     for arch, n in sorted(by_arch.items()):
         print(f"  {arch}: {n}")
     return 0
@@ -188,7 +342,14 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"{what}: {compiler_for(arch).identity()}")
         except FusedArError as exc:
             print(f"{what}: unavailable ({exc})")
-    return cmd_cache(argparse.Namespace(action="info"))
+    print("environment:")
+    invalid = 0
+    for name, raw, problem in check_environment():
+        invalid += bool(problem)
+        shown = f"{name}={raw}" if raw else f"{name} unset"
+        print(f"  {shown}: {'INVALID: ' + problem if problem else 'ok'}")
+    status = cmd_cache(argparse.Namespace(action="info"))
+    return 1 if invalid else status
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -202,7 +363,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.add_rmsnorm import bench_add_rmsnorm
 
         if len(args.dtype) != 1:
-            raise FusedArError(f"bench add_rmsnorm takes one --dtype, not {[d.value for d in args.dtype]}")
+            fail(f"dtype {','.join(d.value for d in args.dtype)}: bench add_rmsnorm takes one")
         return bench_add_rmsnorm(argparse.Namespace(
             dtype=args.dtype[0], hidden=args.hidden or [4096, 8192], out=args.out, sweep_blocks=args.sweep_blocks,
             m=args.m or [1, 4, 16, 64, 256, 1024, 4096, 16384]))
@@ -218,79 +379,72 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 BENCH_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BENCH_HIDDEN = (4096, 7168, 8192)
-
-
-def _sizes(text: str) -> list[int]:
-    """'1,2,4', '1..1024' (doubling), '64..512:64' (a step), or a mix: sorted, without repeats."""
-    sizes: set[int] = set()
-    try:
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            if ".." not in part:
-                sizes.add(int(part))
-                continue
-            low, _, rest = part.partition("..")
-            high, _, step = rest.partition(":")
-            a, b = int(low), int(high)
-            if a < 1 or b < a or (step and int(step) < 1):
-                raise ValueError(f"{part!r}: a range is LOW..HIGH or LOW..HIGH:STEP with 1 <= LOW <= HIGH")
-            value = a
-            while value <= b:
-                sizes.add(value)
-                value = value + int(step) if step else value * 2
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not sizes:
-        raise argparse.ArgumentTypeError(f"{text!r} names no size")
-    return sorted(sizes)
+CROSS_GPU_SIZES = tuple(n for n in SUPPORTED_NGPUS if n > 1)
 
 
 # -- parser -------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fused_ar", description=__doc__.splitlines()[0])
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = _Parser(prog="python -m fused_ar", description=__doc__.splitlines()[0], formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"fused_ar {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    dtypes = _type("dtype", _list(_dtype))
+    all_dtypes = [d.value for d in DType]
 
-    p = sub.add_parser("source", help="print the rendered source of one kernel")
-    p.add_argument("op", choices=[o.value for o in Op])
-    p.add_argument("--dtype", type=DType.parse, default=DType.BF16)
-    p.add_argument("--arch", type=_csv(str), help="target arch (default: GPU 0's)")
-    p.add_argument("--pack", type=int, default=DEFAULT_PACK)
-    p.add_argument("--ngpus", type=int, default=1)
-    p.add_argument("--block", type=int, default=256)
+    p = sub.add_parser("source", help="print the rendered source of one kernel", formatter_class=fmt,
+                       description="Print the self-contained source text one kernel compiles from.")
+    p.add_argument("op", choices=[o.value for o in Op], help="the kernel")
+    p.add_argument("--dtype", type=_type("dtype", _dtype), default=DType.BF16, help="element type: " + ", ".join(all_dtypes))
+    p.add_argument("--arch", type=_type("arch", _list(_arch)), help="target arch, e.g. sm_90 or gfx942 (default: GPU 0's)")
+    p.add_argument("--pack", type=_type("pack", _one_of(PACK_SIZES)), default=DEFAULT_PACK, help="bytes per thread access")
+    p.add_argument("--ngpus", type=_type("ngpus", _one_of(SUPPORTED_NGPUS)), default=1, help="group size (1: add_rmsnorm)")
+    p.add_argument("--block", type=_type("block", _one_of(BLOCK_SIZES)), default=256, help="threads per block")
     p.set_defaults(func=cmd_source)
 
-    p = sub.add_parser("warm", help="compile the kernel matrix ahead of time into the cache")
-    p.add_argument("--arch", type=_csv(str), help="comma-separated archs, e.g. sm_90,gfx942 (default: GPU 0's)")
-    p.add_argument("--dtype", type=_csv(DType.parse), default=list(DType))
-    p.add_argument("--ngpus", type=_csv(int), default=[1, 2, 4, 8])
-    p.add_argument("-j", "--jobs", type=int, default=0, help="worker processes (default: all cores)")
+    p = sub.add_parser("warm", help="compile the kernel matrix ahead of time into the cache", formatter_class=fmt,
+                       description="Compile every kernel of the matrix (ops x dtypes x group sizes x block sizes) "
+                                   "for the given archs into the disk cache; no GPU needed.")
+    p.add_argument("--arch", type=_type("arch", _list(_arch)),
+                   help="comma-separated archs, e.g. sm_90,gfx942 (default: GPU 0's; required without a GPU)")
+    p.add_argument("--dtype", type=dtypes, default=list(DType), help="comma-separated element types (default: all)")
+    p.add_argument("--ngpus", type=_type("ngpus", _list(_one_of(SUPPORTED_NGPUS))), default=list(SUPPORTED_NGPUS),
+                   help="comma-separated group sizes (1: the local add_rmsnorm)")
+    p.add_argument("-j", "--jobs", type=_type("jobs", _at_least_one), default=None,
+                   help="worker processes (default: all cores)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether each is cached")
     p.set_defaults(func=cmd_warm)
 
-    p = sub.add_parser("cache", help="inspect or maintain the kernel cache")
-    p.add_argument("action", choices=["info", "clear", "verify"])
+    p = sub.add_parser("cache", help="inspect or maintain the kernel cache", formatter_class=fmt,
+                       description="info: where the cache is and what it holds; verify: check every entry "
+                                   "(exit 1 if any is bad); clear: remove every entry and build lock.")
+    p.add_argument("action", choices=["info", "clear", "verify"], help="what to do")
     p.set_defaults(func=cmd_cache)
 
-    p = sub.add_parser("info", help="platform, devices, compilers and cache")
+    p = sub.add_parser("info", help="platform, devices, compilers, environment and cache", formatter_class=fmt)
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("demo", help="run the fused op on the GPUs here (one GPU: N ranks emulated), checked and timed")
-    p.add_argument("--tp", type=_csv(int), default=[2, 4, 8], help="group sizes to emulate on one GPU")
-    p.add_argument("--m", type=_csv(int), default=[1, 16, 128, 1024])
-    p.add_argument("--n", type=int, default=8192)
+    p = sub.add_parser("demo", help="run the fused op on the GPUs here (one GPU: N ranks emulated), checked and timed",
+                       formatter_class=fmt)
+    p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8],
+                   help="group sizes to emulate on one GPU")
+    p.add_argument("--m", type=_type("m", _sizes), default=[1, 16, 128, 1024], help="rows (tokens)")
+    p.add_argument("--n", type=_type("n", _at_least_one), default=8192, help="hidden size")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, or the local add_rmsnorm")
-    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm"], default="allreduce_rmsnorm")
-    p.add_argument("--tp", type=_csv(int), default=[2, 4, 8], help="group sizes (default 2,4,8)")
-    p.add_argument("--m", type=_sizes, default=None,
+    p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, or the local add_rmsnorm",
+                       formatter_class=fmt)
+    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm"], default="allreduce_rmsnorm",
+                   help="which suite")
+    p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8], help="group sizes")
+    p.add_argument("--m", type=_type("m", _sizes), default=None,
                    help=f"rows: a list and/or ranges, e.g. 1,2,4 or 1..1024 (doubling) or 64..512:64 (default "
                         f"{','.join(map(str, BENCH_M))})")
-    p.add_argument("--hidden", type=_csv(int), default=None, help="default 4096,7168,8192")
-    p.add_argument("--dtype", type=_csv(DType.parse), default=[DType.BF16])
-    p.add_argument("--paths", type=_paths, default=None, help="comma-separated (default: all)")
-    p.add_argument("--graph-calls", type=int, default=2000, help="op calls captured per graph (default 2000)")
-    p.add_argument("--replays", type=int, default=80, help="timed replays per path and shape (default 80)")
+    p.add_argument("--hidden", type=_type("hidden", _list(_at_least_one)), default=None,
+                   help=f"hidden sizes (default {','.join(map(str, BENCH_HIDDEN))})")
+    p.add_argument("--dtype", type=dtypes, default=[DType.BF16], help="element types")
+    p.add_argument("--paths", type=_type("paths", _paths), default=None, help="comma-separated paths (default: all)")
+    p.add_argument("--graph-calls", type=_type("graph-calls", _at_least_one), default=2000, help="op calls captured per graph")
+    p.add_argument("--replays", type=_type("replays", _at_least_one), default=80, help="timed replays per path and shape")
     p.add_argument("--out", default=None, help="output directory (default ./fused_ar_bench)")
     p.add_argument("--write-thresholds", action="store_true",
                    help="store the measured crossovers in the cache directory for the communicator's auto path")
@@ -300,12 +454,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                      line: Optional[str] = None) -> None:
+    print(f"fused_ar: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.showwarning = _one_line_warning
     args = build_parser().parse_args(argv)
     args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
+    if args.command != "info":
+        bad = [problem for _, _, problem in check_environment() if problem]
+        if bad:
+            fail(bad[0] + (f" (and {len(bad) - 1} more: see `python -m fused_ar info`)" if len(bad) > 1 else ""))
     try:
         return args.func(args)
     except FusedArError as exc:
         print(f"fused_ar: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"fused_ar: {args.command} interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

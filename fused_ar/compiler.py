@@ -7,11 +7,12 @@ Compilers know nothing of the cache (which wraps them) or of launching. Implemen
 from __future__ import annotations
 
 import os
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .errors import CompilerUnavailableError
 from .render import Source
@@ -46,6 +47,11 @@ class Compiler(ABC):
     def compile(self, source: Source, arch: str) -> CompiledKernel:
         """Compile or raise CompileError carrying the spec, options and full log."""
 
+    def check_arch(self, arch: str) -> None:
+        """Raises a FusedArError naming `arch` and this compiler when it cannot build for `arch` here
+        (CompilerUnavailableError when the compiler itself cannot load)."""
+        self.identity()
+
 
 def loaded_library(fragment: str) -> Optional[Path]:
     """The file of a shared library this process has mapped whose name contains `fragment`."""
@@ -72,7 +78,7 @@ def checked(result: Any, what: str, error: type[Exception] = RuntimeError) -> An
     """Unwraps the (status, *values) tuples of cuda-bindings and hip-python; status 0 means success."""
     status, *values = result if isinstance(result, tuple) else (result,)
     if int(status) != 0:
-        raise error(f"{what} failed: {status!r}")
+        raise error(f"{what} failed: {_status_name(status)}")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -89,15 +95,23 @@ def compiler_for(arch: str) -> Compiler:
     return HiprtcCompiler()
 
 
+def plain(exc: BaseException) -> str:
+    """A library's error message without Python's byte-string reprs (`'b'libx.so''` -> `libx.so`)."""
+    text = re.sub(r"""'?b(['"])(.*?)\1'?""", r"\2", str(exc))
+    return text.replace("\\n", " ").strip()
+
+
 def unavailable(arch: str, need: str, exc: BaseException) -> CompilerUnavailableError:
-    return CompilerUnavailableError(f"{arch} need {need}, which cannot be loaded here: {exc}")
+    return CompilerUnavailableError(f"{arch} need {need}, which cannot be loaded here: {plain(exc)}")
 
 
-def rtc_compile(api: Any, prefix: str, code: str, buffer: Any, source: Source, options: tuple[str, ...],
-                arch: str, identity: str) -> CompiledKernel:
+def rtc_compile(api: Any, prefix: str, code: str, source: Source, options: tuple[str, ...], arch: str,
+                identity: str, destroy: Callable[[Any], Any]) -> CompiledKernel:
     """The program life cycle NVRTC and hiprtc share, call for call: create, add the kernel's name
-    expression, compile, log, code object, lowered name, destroy. `prefix` is 'nvrtc' or 'hiprtc',
-    `code` the code-object getter's stem ('CUBIN' or 'Code'), `buffer(size)` an output buffer."""
+    expression, compile, log, code object, lowered name, destroy. `prefix` is 'nvrtc' or 'hiprtc', `code`
+    the code-object getter's stem ('CUBIN' or 'Code'); `destroy(prog)` calls the binding's destroy the way
+    it takes the program (hiprtc's C function takes a pointer to it). Output buffers are bytearrays this
+    function owns (a C API writes into them); everything read from the program is copied before destroy."""
     from .errors import CompileError
 
     call = lambda name, *args: checked(getattr(api, prefix + name)(*args), prefix + name)  # noqa: E731
@@ -106,19 +120,26 @@ def rtc_compile(api: Any, prefix: str, code: str, buffer: Any, source: Source, o
         call("AddNameExpression", prog, source.name.encode())
         status = getattr(api, prefix + "CompileProgram")(prog, len(options), [o.encode() for o in options])[0]
         size = call("GetProgramLogSize", prog)
-        log = buffer(size)
+        log = bytearray(size)
         if size:
             call("GetProgramLog", prog, log)
         log = bytes(log).rstrip(b"\x00").decode(errors="replace")
         if int(status) != 0:
-            raise CompileError(source.spec, options, log, f"{prefix} {status!r}")
+            raise CompileError(source.spec, options, log, f"{prefix} {_status_name(status)}")
         size = call(f"Get{code}Size", prog)
         if size == 0:
             raise CompileError(source.spec, options, log, f"{prefix} produced no code object for arch {arch}")
-        image = buffer(size)
+        image = bytearray(size)
         call(f"Get{code}", prog, image)
         lowered = call("GetLoweredName", prog, source.name.encode())
-    finally:
-        getattr(api, prefix + "DestroyProgram")(prog)
-    lowered = lowered.decode() if isinstance(lowered, (bytes, bytearray)) else str(lowered)
-    return CompiledKernel(bytes(image), {source.name: lowered}, log, identity, options, arch)
+        # bytes (cuda-bindings) or a CStr into the program's memory (hip-python): decoded while it lives
+        lowered = lowered.decode()
+    except BaseException:
+        destroy(prog)  # the first error is the one to report
+        raise
+    checked(destroy(prog), prefix + "DestroyProgram")
+    return CompiledKernel(bytes(image), {source.name: str(lowered)}, log, identity, options, arch)
+
+
+def _status_name(status: Any) -> str:
+    return getattr(status, "name", None) or f"status {int(status)}"

@@ -14,6 +14,7 @@ from .render import Source
 from .spec import Platform
 
 _BASE_OPTIONS = ("-O3", "-std=c++17")
+HIPRTC_LIBRARY = "libhiprtc.so"  # the name hip-python opens
 
 
 class HiprtcCompiler(Compiler):
@@ -23,9 +24,15 @@ class HiprtcCompiler(Compiler):
     def _libs(self) -> tuple[Any, Any]:
         try:
             from hip import hip, hiprtc
+        except ImportError as exc:
+            raise unavailable("gfx targets", "hip-python (pip install 'fused_ar[rocm]')", exc) from exc
+        try:
             checked(hiprtc.hiprtcVersion(), "hiprtcVersion")
-        except Exception as exc:  # no hip-python, or hip-python without ROCm's libraries
-            raise unavailable("gfx targets", "hiprtc from ROCm (pip install 'fused_ar[rocm]' on a ROCm machine)", exc) from exc
+        except Exception as exc:  # hip-python is there; the ROCm library it opens is not
+            raise unavailable("gfx targets", f"hiprtc, the ROCm runtime compiler: hip-python is installed, but "
+                              f"{HIPRTC_LIBRARY} is not on the loader's path (install ROCm, or add the directory "
+                              f"holding it to LD_LIBRARY_PATH; ROCm 5.x has hiprtc inside libamdhip64.so: add a "
+                              f"link named {HIPRTC_LIBRARY} to it)", exc) from exc
         return hip, hiprtc
 
     @cached_property
@@ -43,5 +50,6 @@ class HiprtcCompiler(Compiler):
         return (f"--offload-arch={arch}",) + _BASE_OPTIONS
 
     def compile(self, source: Source, arch: str) -> CompiledKernel:
-        return rtc_compile(self._libs[1], "hiprtc", "Code", bytearray, source, self.options(arch), arch,
-                           self.identity())
+        hiprtc = self._libs[1]
+        return rtc_compile(hiprtc, "hiprtc", "Code", source, self.options(arch), arch, self.identity(),
+                           lambda prog: hiprtc.hiprtcDestroyProgram(prog.createRef()))

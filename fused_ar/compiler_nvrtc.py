@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, unavailable
+from .errors import UnsupportedArchError
 from .render import Source
 from .spec import Platform
 
@@ -42,7 +43,19 @@ class NvrtcCompiler(Compiler):
     def options(self, arch: str) -> tuple[str, ...]:
         return (f"--gpu-architecture={arch}",) + _BASE_OPTIONS
 
+    @cached_property
+    def supported(self) -> tuple[int, ...]:
+        return tuple(checked(self._nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+    def check_arch(self, arch: str) -> None:
+        number = int(arch.removeprefix("sm_").rstrip("af"))
+        if number not in self.supported:
+            major, minor = self.version()
+            raise UnsupportedArchError(arch, f"NVRTC {major}.{minor} cannot build {arch}; it builds "
+                                       + ", ".join(f"sm_{n}" for n in self.supported))
+
     def compile(self, source: Source, arch: str) -> CompiledKernel:
+        self.check_arch(arch)
         # CUBIN (not PTX): only a real sm_XX yields one; rtc_compile rejects an empty image
-        return rtc_compile(self._nvrtc, "nvrtc", "CUBIN", lambda n: b" " * n, source, self.options(arch), arch,
-                           self.identity())
+        return rtc_compile(self._nvrtc, "nvrtc", "CUBIN", source, self.options(arch), arch, self.identity(),
+                           self._nvrtc.nvrtcDestroyProgram)

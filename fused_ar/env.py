@@ -16,10 +16,19 @@ from .errors import ConfigError
 T = TypeVar("T")
 
 
-def _positive_float(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
-        raise ValueError("must be a positive number of seconds")
+# Seconds a wait may be given: at least a millisecond (a GPU timer reads in ns; less rounds to no wait)
+# and at most a week (the kernels hold the timeout in a 64-bit count of nanoseconds).
+SECONDS_RANGE = (1e-3, 7 * 24 * 3600.0)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    low, high = SECONDS_RANGE
+    if not low <= value <= high:  # NaN fails too
+        raise ValueError(f"must be a number of seconds from {low:g} to {high:g}")
     return value
 
 
@@ -30,14 +39,16 @@ def _bool01(raw: str) -> bool:
 
 
 def _bytes(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError("must be a byte count >= 0")
-    return value
+    if not raw.isascii() or not raw.isdigit():
+        raise ValueError("must be a byte count: decimal digits, >= 0")
+    return int(raw)
 
 
 def _path(raw: str) -> Path:
-    return Path(raw).expanduser()
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError as exc:  # ~user for a user that does not exist, or no home directory
+        raise ValueError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,7 @@ LOCK_DIR: EnvVar[Path] = EnvVar(
     "Node-local directory for the per-kernel build locks (keep it off NFS).",
 )
 LOCK_TIMEOUT_S: EnvVar[float] = EnvVar(
-    "FUSED_AR_LOCK_TIMEOUT_S", _positive_float, 600.0, "600",
+    "FUSED_AR_LOCK_TIMEOUT_S", _seconds, 600.0, "600",
     "Seconds to wait for another process building the same kernel before raising.",
 )
 CLANG: EnvVar[str] = EnvVar(
@@ -89,7 +100,7 @@ FALLBACK_MIN_BYTES: EnvVar[int] = EnvVar(
     "device group; 0 turns the size rule off.",
 )
 TIMEOUT_S: EnvVar[float] = EnvVar(
-    "FUSED_AR_TIMEOUT_S", _positive_float, 30.0, "30",
+    "FUSED_AR_TIMEOUT_S", _seconds, 30.0, "30",
     "Seconds a cross-GPU kernel waits for a peer at a barrier before giving up (never a hang).",
 )
 PEER_PROBE: EnvVar[bool] = EnvVar(
@@ -112,7 +123,12 @@ def cache_dir() -> Path:
     explicit = CACHE_DIR.get()
     if explicit is not None:
         return explicit
-    base = XDG_CACHE_HOME.get() or Path.home() / ".cache"
+    base = XDG_CACHE_HOME.get()
+    if base is None:
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            raise ConfigError(f"no home directory to keep the kernel cache in: set {CACHE_DIR.name}") from None
     return base / "fused_ar"
 
 

@@ -39,6 +39,15 @@ class CompileError(FusedArError, RuntimeError):
         super().__init__(f"{reason} for {spec}\noptions: {' '.join(self.options)}\n--- compiler log ---\n{log}")
 
 
+class UnsupportedArchError(CompileError):
+    """The compiler here cannot build for this arch at all (too old, or it does not know it): one line naming
+    the arch, the compiler and what is needed; raised before anything is compiled."""
+
+    def __init__(self, arch: str, message: str) -> None:
+        self.spec, self.options, self.log, self.arch = None, (), "", arch
+        Exception.__init__(self, message)
+
+
 class CacheTrustError(FusedArError, PermissionError):
     """The kernel cache directory is owned by someone else or writable by others: code is not loaded from it."""
 

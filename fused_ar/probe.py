@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from . import env
+from . import env, trust
 from ._version import __version__
+from .errors import CacheTrustError
 
 ROWS, COLS = 4, 512  # bf16: one region is 4 KiB
 REGION = ROWS * COLS * 2
@@ -53,28 +54,46 @@ def peer_access(devices: Sequence[int]) -> tuple[bool, str]:
     return remembered(key, lambda: run_probe(devices), {"devices": devices})
 
 
+VERDICT_MAX_BYTES = 4096
+
+
+def _verdict(raw: Optional[bytes]) -> Optional[tuple[bool, str]]:
+    """(ok, detail) from a stored verdict, or None when there is none or it is malformed."""
+    if raw is None:
+        return None
+    try:
+        verdict = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool) or not isinstance(verdict.get("detail"), str):
+        return None
+    return verdict["ok"], verdict["detail"]
+
+
 def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None) -> tuple[bool, str]:
     """The verdict stored for `key` under the cache directory, else probe() stored there; one process
-    probes at a time (the others wait on the lock, then read). An unreadable file is probed again; an
-    unwritable cache only means probing again next time."""
-    import filelock
+    probes at a time (the others wait on the lock, then read). A missing, malformed or untrusted file is
+    probed again; an unwritable cache only means probing again next time."""
+    from .cache import state_dir
+    from .locks import default_lock_dir
 
-    path = env.cache_dir() / "probes" / f"peer_access-{key}.json"
-    lock_dir = env.lock_dir()
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(lock_dir / f"probe-{key}.lock"), timeout=CHILD_TIMEOUT_S + 60):
+    name = f"peer_access-{key}.json"
+    with default_lock_dir().held(f"probe-{key}", "probing peer access"):
         try:
-            verdict = json.loads(path.read_text())
-            return bool(verdict["ok"]), f"{verdict['detail']} (probed earlier, {path})"
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+            with state_dir("probes") as (fd, where):
+                found = _verdict(trust.read_at(fd, name, VERDICT_MAX_BYTES, where / name))
+        except FileNotFoundError:
+            found = None
+        except CacheTrustError as exc:
+            trust.warn_once(env.cache_dir(), f"{exc}; probing again")
+            found = None
+        if found is not None:
+            return found[0], f"{found[1]} (probed earlier, {where / name})"
         ok, detail = probe()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({"ok": ok, "detail": detail, **(extra or {})}))
-            os.replace(tmp, path)
-        except OSError:
+            with state_dir("probes", create=True) as (fd, _):
+                trust.write_at(fd, name, json.dumps({"ok": ok, "detail": detail, **(extra or {})}).encode())
+        except OSError:  # CacheTrustError included: the verdict is simply not remembered
             pass
         return ok, detail
 

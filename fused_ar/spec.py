@@ -68,8 +68,9 @@ class Op(str, Enum):
 
 # Architectures: NVIDIA `sm_XX` (a CUBIN needs a real sm, not compute_XX); AMD `gfxNNN` with optional
 # target features as the driver reports them (`gfx942:sramecc+:xnack-`).
-_CUDA_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
-_HIP_ARCH = re.compile(r"^gfx[0-9a-f]{3,4}(:[a-z0-9_]+[+-])*$")
+# Matched whole (fullmatch: `$` would accept a trailing newline) and in ASCII only (`\d` takes any digit).
+_CUDA_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
+_HIP_ARCH = re.compile(r"gfx[0-9a-f]{3,4}(:[a-z0-9_]+[+-])*")
 
 SUPPORTED_NGPUS = (1, 2, 4, 6, 8)
 BLOCK_SIZES = (64, 128, 256, 512, 1024)
@@ -78,9 +79,11 @@ DEFAULT_PACK = 16
 
 
 def platform_of_arch(arch: str) -> Platform:
-    if _CUDA_ARCH.match(arch):
+    if not isinstance(arch, str):
+        raise ValueError(f"arch must be a string such as sm_90 or gfx942, not {type(arch).__name__}")
+    if _CUDA_ARCH.fullmatch(arch):
         return Platform.CUDA
-    if _HIP_ARCH.match(arch):
+    if _HIP_ARCH.fullmatch(arch):
         return Platform.HIP
     raise ValueError(f"unknown arch {arch!r}: expected sm_XX (NVIDIA) or gfxNNN[:feature+|-...] (AMD)")
 

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import env
-from .errors import FusedArError
-from .spec import DType
+from . import env, trust
+from .errors import CacheTrustError, FusedArError
+from .spec import DType, platform_of_arch
 
 FORMAT_VERSION = 1
 log = logging.getLogger("fused_ar")
@@ -75,39 +73,51 @@ def _bytes_or_none(value: Any) -> Optional[int]:
     return value
 
 
+MAX_FILE_BYTES = 256 << 10
+
+
+def file_name(arch: str, ngpus: int) -> str:
+    platform_of_arch(arch)  # a valid arch holds no path separator
+    return f"{arch}-tp{int(ngpus)}.json"
+
+
 def path_for(arch: str, ngpus: int) -> Path:
-    return env.cache_dir() / "thresholds" / f"{arch}-tp{int(ngpus)}.json"
+    return env.cache_dir() / "thresholds" / file_name(arch, ngpus)
 
 
 def write(thresholds: Thresholds) -> Path:
     """Stores `thresholds` (replacing the file for its arch and group size atomically); returns the path."""
-    path = path_for(thresholds.arch, thresholds.ngpus)
+    from .cache import state_dir
+
+    name = file_name(thresholds.arch, thresholds.ngpus)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(thresholds.to_dict(), f, indent=1)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise FusedArError(f"cannot write the thresholds file {path}: {exc}") from exc
-    return path
+        with state_dir("thresholds", create=True) as (fd, where):
+            trust.write_at(fd, name, json.dumps(thresholds.to_dict(), indent=1).encode())
+    except OSError as exc:  # CacheTrustError included
+        raise FusedArError(f"cannot write the thresholds file {path_for(thresholds.arch, thresholds.ngpus)}: {exc}") from exc
+    return where / name
 
 
 def load(arch: str, ngpus: int) -> Optional[Thresholds]:
     """The stored thresholds for (arch, ngpus), or None (no file, or one that cannot be trusted)."""
-    path = path_for(arch, ngpus)
+    from .cache import state_dir
+
+    name = file_name(arch, ngpus)
     try:
-        text = path.read_text()
+        with state_dir("thresholds") as (fd, where):
+            raw = trust.read_at(fd, name, MAX_FILE_BYTES, where / name)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        log.warning("fused_ar: cannot read %s (%s); the built-in thresholds serve", path, exc)
+    except CacheTrustError as exc:
+        log.warning("fused_ar: %s; the built-in thresholds serve", exc)
+        return None
+    if raw is None:
         return None
     try:
-        found = Thresholds.from_dict(json.loads(text))
+        found = Thresholds.from_dict(json.loads(raw))
         if (found.arch, found.ngpus) != (arch, int(ngpus)):
             raise ValueError(f"it describes {found.arch} with {found.ngpus} GPUs")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("fused_ar: ignoring the thresholds file %s: %s; the built-in thresholds serve", path, exc)
+        log.warning("fused_ar: ignoring the thresholds file %s: %s; the built-in thresholds serve", where / name, exc)
         return None
     return found

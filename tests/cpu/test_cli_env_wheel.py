@@ -24,10 +24,10 @@ def test_warm_twice_compiles_nothing_the_second_time(tmp_path):
     cache = tmp_path / "c"
     first = _cli("warm", "--arch", "sm_90", "--dtype", "bf16,fp32", "--ngpus", "1", "-j", "2", cache=cache)
     assert first.returncode == 0, first.stderr
-    assert "10 kernels for sm_90: 10 compiled, 0 already cached, 0 failed" in first.stdout
+    assert "10 kernels for sm_90: 10 compiled (10 saved), 0 already cached, 0 failed" in first.stdout
     assert first.stdout.count("built") == 10  # one line per kernel when not on a TTY
     second = _cli("warm", "--arch", "sm_90", "--dtype", "bf16,fp32", "--ngpus", "1", cache=cache)
-    assert second.returncode == 0 and "0 compiled, 10 already cached" in second.stdout
+    assert second.returncode == 0 and "0 compiled (0 saved), 10 already cached" in second.stdout
     dry = _cli("warm", "--arch", "sm_90", "--dtype", "bf16,fp16", "--ngpus", "1", "--dry-run", cache=cache)
     assert dry.stdout.count("to build") == 5 and dry.stdout.count("cached ") == 5
     info = _cli("cache", "info", cache=cache)
@@ -91,6 +91,6 @@ def test_wheel_installs_and_warms_from_another_directory(tmp_path):
     warm = [py, "-m", "fused_ar", "warm", "--arch", "sm_90", "--dtype", "bf16,fp16,fp32", "--ngpus", "1", "-j", "2"]
     first = subprocess.run(warm, capture_output=True, text=True, cwd=elsewhere, env=e)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "15 compiled" in first.stdout
+    assert "15 compiled (15 saved)" in first.stdout
     second = subprocess.run(warm, capture_output=True, text=True, cwd=elsewhere, env=e)
-    assert second.returncode == 0 and "0 compiled, 15 already cached" in second.stdout
+    assert second.returncode == 0 and "0 compiled (0 saved), 15 already cached" in second.stdout
