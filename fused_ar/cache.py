@@ -35,6 +35,7 @@ SCHEMA_VERSION = 1
 SIDECAR_MAX_BYTES = 16 << 10
 LOG_KEEP_CHARS = 8 << 10
 CODE_MAX_BYTES = 16 << 20
+_WRITE_ATTEMPTS = 3
 
 Status = Literal["built", "cached"]
 
@@ -211,17 +212,21 @@ class CacheDir:
         """Stores the entry (code object first, sidecar last); False when the directory cannot take it."""
         if self.state() != "disk":
             return False
-        try:
-            with trust.opened_dir(self.root, owners=self.owners) as root_fd, \
-                    trust.opened_dir(key[:2], root_fd, create=True, mode=dir_mode, owners=self.owners) as shard_fd:
-                trust.write_at(shard_fd, f"{key}.bin", kernel.code, file_mode)
-                trust.write_at(shard_fd, f"{key}.json", _sidecar(key, kernel, spec), file_mode)
-        except CacheTrustError:
-            raise
-        except OSError as exc:  # disk full, directory turned read-only: keep serving from memory
-            self._fallback("readonly", exc.strerror or str(exc))
-            return False
-        return True
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                with trust.opened_dir(self.root, owners=self.owners) as root_fd, \
+                        trust.opened_dir(key[:2], root_fd, create=True, mode=dir_mode, owners=self.owners) as shard_fd:
+                    trust.write_at(shard_fd, f"{key}.bin", kernel.code, file_mode)
+                    trust.write_at(shard_fd, f"{key}.json", _sidecar(key, kernel, spec), file_mode)
+                return True
+            except CacheTrustError:
+                raise
+            except FileNotFoundError:  # `cache clear` removed the shard between its mkdir and open: again
+                continue
+            except OSError as exc:  # disk full, directory turned read-only: keep serving from memory
+                self._fallback("readonly", exc.strerror or str(exc))
+                return False
+        return False
 
     def _shards(self) -> Iterator[tuple[str, int, list[str]]]:
         """(shard name, descriptor, entry names) of each trusted shard; untrusted shards raise."""

@@ -87,7 +87,7 @@ def _arch(text: str) -> str:
 def _list(parse: Callable[[str], Any]) -> Callable[[str], list]:
     """Comma-separated values, each through `parse`; at least one, no repeats."""
     def parse_all(text: str) -> list:
-        items = [part.strip() for part in text.split(",")]
+        items = [part.strip(" ") for part in text.split(",")]  # spaces only: a newline is an error
         if not text.strip() or any(not item for item in items):
             raise ValueError("a comma-separated list with no empty item")
         values = []
@@ -107,7 +107,7 @@ def _dtype(text: str) -> DType:
 def _sizes(text: str) -> list[int]:
     """'1,2,4', '1..1024' (doubling), '64..512:64' (a step), or a mix: sorted, without repeats."""
     sizes: set[int] = set()
-    for part in (p.strip() for p in text.split(",")):
+    for part in (p.strip(" ") for p in text.split(",")):
         if not part:
             raise ValueError("a list of sizes and ranges with no empty item")
         if ".." not in part:

@@ -77,6 +77,13 @@ def _open_error(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _is_link(path: Path, dir_fd: Optional[int]) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 @contextmanager
 def opened_dir(path: Path, dir_fd: Optional[int] = None, *, create: bool = False, mode: int = 0o700,
                owners: Optional[Collection[int]] = None) -> Iterator[int]:
@@ -92,8 +99,10 @@ def opened_dir(path: Path, dir_fd: Optional[int] = None, *, create: bool = False
     try:
         fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CacheTrustError(f"refusing directory {path}: {_open_error(exc)}") from None
+        # O_DIRECTORY | O_NOFOLLOW on a symlink fails with ENOTDIR on Linux, ELOOP elsewhere
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(path, dir_fd)):
+            raise CacheTrustError(f"refusing directory {path}: it is a symlink (fused_ar never follows one "
+                                  f"here; name the real directory)") from None
         raise  # missing, not a directory, no permission: unusable, not untrusted
     try:
         why = problem(os.fstat(fd), True, owners)

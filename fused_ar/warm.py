@@ -64,14 +64,16 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def warm(specs: Sequence[KernelSpec], jobs: int, on_result: Callable[[Result], None]) -> None:
+def warm(specs: Sequence[KernelSpec], jobs: int, on_result: Callable[[Result], None],
+         work: Callable[[dict], tuple] = warm_one) -> None:
     """Compiles `specs` with `jobs` workers, calling `on_result` once per spec as each finishes. On
-    KeyboardInterrupt the workers are killed before it propagates."""
+    KeyboardInterrupt the workers are killed before it propagates. `work` is what a worker runs per spec
+    (a module-level function, as `warm_one`)."""
     pending, ctx = list(specs), multiprocessing.get_context("spawn")
     while pending:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
                                    initargs=(os.getpid(),))
-        futures: dict[Future, KernelSpec] = {pool.submit(warm_one, s.to_dict()): s for s in pending}
+        futures: dict[Future, KernelSpec] = {pool.submit(work, s.to_dict()): s for s in pending}
         finished: set[KernelSpec] = set()
         broken = False
         try:

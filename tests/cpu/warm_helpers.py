@@ -1,0 +1,14 @@
+"""Worker functions for the warm tests: importable by the spawned worker processes of fused_ar.warm."""
+
+from __future__ import annotations
+
+import os
+
+from fused_ar.warm import warm_one
+
+
+def die_at_block_512(spec_dict: dict) -> tuple:
+    """Kills its worker process (as a crashing compiler would) for the block-512 kernel only."""
+    if spec_dict["block"] == 512:
+        os._exit(3)
+    return warm_one(spec_dict)
