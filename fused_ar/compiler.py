@@ -78,7 +78,7 @@ def checked(result: Any, what: str, error: type[Exception] = RuntimeError) -> An
     """Unwraps the (status, *values) tuples of cuda-bindings and hip-python; status 0 means success."""
     status, *values = result if isinstance(result, tuple) else (result,)
     if int(status) != 0:
-        raise error(f"{what} failed: {_status_name(status)}")
+        raise error(f"{what} failed: {status_name(status)}")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -125,7 +125,7 @@ def rtc_compile(api: Any, prefix: str, code: str, source: Source, options: tuple
             call("GetProgramLog", prog, log)
         log = bytes(log).rstrip(b"\x00").decode(errors="replace")
         if int(status) != 0:
-            raise CompileError(source.spec, options, log, f"{prefix} {_status_name(status)}")
+            raise CompileError(source.spec, options, log, f"{prefix} {status_name(status)}")
         size = call(f"Get{code}Size", prog)
         if size == 0:
             raise CompileError(source.spec, options, log, f"{prefix} produced no code object for arch {arch}")
@@ -141,5 +141,5 @@ def rtc_compile(api: Any, prefix: str, code: str, source: Source, options: tuple
     return CompiledKernel(bytes(image), {source.name: str(lowered)}, log, identity, options, arch)
 
 
-def _status_name(status: Any) -> str:
+def status_name(status: Any) -> str:
     return getattr(status, "name", None) or f"status {int(status)}"

@@ -1,13 +1,13 @@
 """The offline check of the AMD path: the same rendered source through a plain clang for gfx targets.
 
 `clang -x hip --offload-arch=gfx942 -nogpulib -nogpuinc --offload-device-only` needs no ROCm, so a
-machine without an AMD GPU proves the HIP source compiles and inspects the code (DPP, scratch) with
-`disassemble`. Its code objects are real; the cache keys them by this compiler's identity.
+machine without an AMD GPU proves the HIP source compiles; fused_ar.amd_isa inspects the code (DPP, system
+scope, scratch). `emit_llvm` gives the optimized IR that amd_isa lowers for gfx950, which clang-19 does
+not know. Its code objects are real; the cache keys them by this compiler's identity.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import tempfile
@@ -22,8 +22,7 @@ from .render import Source
 from .spec import Platform
 
 _BASE_OPTIONS = ("-x", "hip", "-nogpulib", "-nogpuinc", "--offload-device-only", "--no-gpu-bundle-output",
-                 "-O3", "-std=c++17", "-Rpass-analysis=kernel-resource-usage")
-_SCRATCH = re.compile(r"ScratchSize \[bytes/lane\]: (\d+)")
+                 "-O3", "-std=c++17")
 
 
 class ClangHipCompiler(Compiler):
@@ -51,29 +50,21 @@ class ClangHipCompiler(Compiler):
     def options(self, arch: str) -> tuple[str, ...]:
         return _BASE_OPTIONS + (f"--offload-arch={arch}",)
 
+    def _run(self, source: Source, options: tuple[str, ...], suffix: str) -> tuple[bytes, str]:
+        with tempfile.TemporaryDirectory(prefix="fused_ar-clang-") as tmp:
+            src, out = Path(tmp) / source.filename, Path(tmp) / f"{source.name}{suffix}"
+            src.write_text(source.text)
+            proc = subprocess.run([self.clang, *options, str(src), "-o", str(out)], capture_output=True, text=True)
+            if proc.returncode != 0 or not out.is_file():
+                raise CompileError(source.spec, options, proc.stderr, f"{self.clang} exited {proc.returncode}")
+            return out.read_bytes(), proc.stderr
+
     def compile(self, source: Source, arch: str) -> CompiledKernel:
         options = self.options(arch)
-        with tempfile.TemporaryDirectory(prefix="fused_ar-clang-") as tmp:
-            src, obj = Path(tmp) / source.filename, Path(tmp) / f"{source.name}.hsaco"
-            src.write_text(source.text)
-            proc = subprocess.run([self.clang, *options, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
-            if proc.returncode != 0 or not obj.is_file():
-                raise CompileError(source.spec, options, proc.stderr, f"{self.clang} exited {proc.returncode}")
-            code = obj.read_bytes()
-        return CompiledKernel(code, {source.name: source.name}, proc.stderr, self.identity(), options, arch)
+        code, log = self._run(source, options + ("-c",), ".hsaco")
+        return CompiledKernel(code, {source.name: source.name}, log, self.identity(), options, arch)
 
-
-def scratch_bytes(kernel: CompiledKernel) -> list[int]:
-    """Per-kernel scratch (spill) bytes per lane, as the compiler's resource remarks report them."""
-    return [int(n) for n in _SCRATCH.findall(kernel.log)]
-
-
-def disassemble(kernel: CompiledKernel, objdump: str = "llvm-objdump-19") -> str:
-    tool = shutil.which(objdump)
-    if tool is None:
-        raise FileNotFoundError(f"{objdump} not found (apt-get install llvm-19)")
-    with tempfile.NamedTemporaryFile(suffix=".hsaco") as f:
-        f.write(kernel.code)
-        f.flush()
-        arch = kernel.arch.split(":")[0]
-        return subprocess.run([tool, "-d", f"--mcpu={arch}", f.name], capture_output=True, text=True, check=True).stdout
+    def emit_llvm(self, source: Source, arch: str) -> str:
+        """The optimized LLVM IR of `source` for `arch` (what the backend would lower)."""
+        options = self.options(arch) + ("-emit-llvm", "-S")
+        return self._run(source, options, ".ll")[0].decode()

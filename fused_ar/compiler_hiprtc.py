@@ -1,24 +1,75 @@
 """hiprtc through hip-python: rendered source -> HSA code object for `--offload-arch=gfx...`.
 
-`hiprtcVersion` is hard-coded in ROCm, so the identity also names the HIP runtime version and the
-realpath, size and mtime of libhiprtc and libamd_comgr (the compiler that really runs).
+`hiprtcVersion` is hard-coded in ROCm, so the identity names the HIP runtime version and the files that
+really compile: the library providing hiprtc (libhiprtc, or libamdhip64 on ROCm 5.x) and the comgr it
+loads. A hiprtc that does not know an arch aborts the whole process inside hiprtcCompileProgram, so each
+(identity, arch) is first compiled in a child process once, and the verdict is remembered on disk.
+
+    python -m fused_ar.compiler_hiprtc gfx942     # the child: compiles a small kernel for that arch
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
+import re
+import subprocess
+import sys
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
-from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, unavailable
+from .compiler import (CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, status_name,
+                       unavailable)
+from .errors import UnsupportedArchError
 from .render import Source
 from .spec import Platform
 
 _BASE_OPTIONS = ("-O3", "-std=c++17")
 HIPRTC_LIBRARY = "libhiprtc.so"  # the name hip-python opens
+_COMGR_SONAME = re.compile(rb"libamd_comgr\.so\.[0-9]+")
+# What a hiprtc needs for the archs the library targets (AMD's ROCm release notes).
+NEEDS = {"gfx90a": "ROCm >= 5.0", "gfx942": "ROCm >= 6.0", "gfx950": "ROCm >= 7.0"}
+PROBE_TIMEOUT_S = 120.0
+_PROBE_SOURCE = 'extern "C" __global__ void fa_arch_probe(unsigned int* p) { p[threadIdx.x] = 1u; }\n'
+
+
+def _dladdr_file(function: Any) -> Optional[Path]:
+    """The shared object that holds a ctypes function (dladdr)."""
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None)
+    info = DlInfo()
+    if not libc.dladdr(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return Path(os.path.realpath(info.dli_fname.decode()))
+
+
+def hiprtc_files() -> tuple[Optional[Path], Optional[Path]]:
+    """(the file providing hiprtc, the comgr file it compiles with), as the loader resolves them here.
+    comgr is dlopened by hiprtc at its first compile (ROCm 5.x); opening the same soname now, with the same
+    search path, maps the very file hiprtc will get."""
+    provider = _dladdr_file(ctypes.CDLL(HIPRTC_LIBRARY).hiprtcCreateProgram)
+    comgr = loaded_library("libamd_comgr.so")
+    if comgr is None and provider is not None:
+        soname = _COMGR_SONAME.search(provider.read_bytes())
+        if soname is not None:
+            try:
+                comgr = _dladdr_file(ctypes.CDLL(soname.group().decode()).amd_comgr_get_version)
+            except (OSError, AttributeError):
+                comgr = None
+    return provider, comgr
 
 
 class HiprtcCompiler(Compiler):
     platform = Platform.HIP
+
+    def __init__(self) -> None:
+        self._verdicts: dict[str, tuple[bool, str]] = {}
 
     @cached_property
     def _libs(self) -> tuple[Any, Any]:
@@ -40,16 +91,73 @@ class HiprtcCompiler(Compiler):
         hip, hiprtc = self._libs
         major, minor = checked(hiprtc.hiprtcVersion(), "hiprtcVersion")
         runtime = checked(hip.hipRuntimeGetVersion(), "hipRuntimeGetVersion")
-        libs = [file_identity(loaded_library(name)) for name in ("libhiprtc.so", "libamd_comgr.so")]
-        return f"hiprtc-{major}.{minor}-hip{runtime}@" + "@".join(libs)
+        provider, comgr = hiprtc_files()
+        return f"hiprtc-{major}.{minor}-hip{runtime}@{file_identity(provider)}@comgr:{file_identity(comgr)}"
 
     def identity(self) -> str:
         return self._identity
 
+    def describe(self) -> str:
+        """hiprtc's version and file, for messages."""
+        provider, _ = hiprtc_files()
+        runtime = checked(self._libs[0].hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+        return f"hiprtc of HIP {runtime // 10_000_000}.{runtime // 100_000 % 100} ({provider})"
+
     def options(self, arch: str) -> tuple[str, ...]:
         return (f"--offload-arch={arch}",) + _BASE_OPTIONS
 
+    def check_arch(self, arch: str) -> None:
+        """Compiles a small kernel for `arch` in a child process, once per (hiprtc identity, arch) and cache
+        directory: a hiprtc that does not know the arch aborts the process it runs in."""
+        from .probe import remembered
+
+        target = arch.split(":")[0]
+        verdict = self._verdicts.get(arch)
+        if verdict is None:
+            key = hashlib.sha256(f"{self.identity()}\x1f{arch}".encode()).hexdigest()[:24]
+            verdict = self._verdicts[arch] = remembered(key, lambda: _probe_in_child(arch),
+                                                        {"arch": arch, "compiler": self.identity()}, kind="hiprtc_arch")
+        ok, detail = verdict
+        if not ok:
+            raise UnsupportedArchError(arch, f"{self.describe()} cannot build {arch}: {detail}; {target} needs "
+                                             f"{NEEDS.get(target, 'a hiprtc that knows it')}")
+
     def compile(self, source: Source, arch: str) -> CompiledKernel:
+        self.check_arch(arch)
         hiprtc = self._libs[1]
         return rtc_compile(hiprtc, "hiprtc", "Code", source, self.options(arch), arch, self.identity(),
                            lambda prog: hiprtc.hiprtcDestroyProgram(prog.createRef()))
+
+
+def _probe_in_child(arch: str) -> tuple[bool, str]:
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                             os.environ.get("PYTHONPATH", "")]))
+    try:
+        done = subprocess.run([sys.executable, "-m", "fused_ar.compiler_hiprtc", arch], capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S, env=child_env)
+    except subprocess.TimeoutExpired:
+        return False, f"the compile did not finish within {PROBE_TIMEOUT_S:g} s"
+    if done.returncode == 0:
+        return True, f"a test kernel compiled for {arch}"
+    how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+    last = (done.stderr.strip().splitlines() or [""])[-1][:300]
+    return False, f"compiling a test kernel ended the compiler's process ({how}{': ' + last if last else ''})"
+
+
+def _child(arch: str) -> int:
+    hiprtc = HiprtcCompiler()._libs[1]
+    call = lambda name, *args: checked(getattr(hiprtc, name)(*args), name)  # noqa: E731
+    prog = call("hiprtcCreateProgram", _PROBE_SOURCE.encode(), b"fa_arch_probe.hip", 0, [], [])
+    try:
+        status = hiprtc.hiprtcCompileProgram(prog, 1, [f"--offload-arch={arch}".encode()])[0]
+        size = call("hiprtcGetCodeSize", prog) if int(status) == 0 else 0
+    finally:
+        hiprtc.hiprtcDestroyProgram(prog.createRef())
+    if int(status) != 0 or not size:
+        print(f"hiprtc: {status_name(status)} for {arch}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -70,15 +70,16 @@ def _verdict(raw: Optional[bytes]) -> Optional[tuple[bool, str]]:
     return verdict["ok"], verdict["detail"]
 
 
-def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None) -> tuple[bool, str]:
-    """The verdict stored for `key` under the cache directory, else probe() stored there; one process
-    probes at a time (the others wait on the lock, then read). A missing, malformed or untrusted file is
-    probed again; an unwritable cache only means probing again next time."""
+def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None,
+               kind: str = "peer_access") -> tuple[bool, str]:
+    """The verdict of the `kind` probe stored for `key` under the cache directory, else probe() stored
+    there; one process probes at a time (the others wait on the lock, then read). A missing, malformed or
+    untrusted file is probed again; an unwritable cache only means probing again next time."""
     from .cache import state_dir
     from .locks import default_lock_dir
 
-    name = f"peer_access-{key}.json"
-    with default_lock_dir().held(f"probe-{key}", "probing peer access"):
+    name = f"{kind}-{key}.json"
+    with default_lock_dir().held(f"probe-{key}", f"probing ({kind})"):
         try:
             with state_dir("probes") as (fd, where):
                 found = _verdict(trust.read_at(fd, name, VERDICT_MAX_BYTES, where / name))

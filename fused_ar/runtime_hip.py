@@ -1,14 +1,16 @@
 """HIP facade over hip-python: hipModuleLoadData, hipModuleGetFunction, hipModuleLaunchKernel, memory, IPC.
 
 Arguments travel in `extra` as the tuple of ctypes values hip-python lays out by C alignment; a module
-is loaded per device (HIP modules belong to the current device). Signal memory is fine-grained and
-uncached (hipExtMallocWithFlags, flag 3). Compiled and type-checked here; run only where ROCm is.
+is loaded per device (HIP modules belong to the current device, chosen with hipSetDevice, not through
+torch). Signal memory is fine-grained and uncached (hipExtMallocWithFlags, flag 3). Every call's argument
+types are exercised in the CPU tests against the real libamdhip64 (no device: each returns an error status).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from .compiler import CompiledKernel, checked
 from .errors import DeviceError
@@ -29,9 +31,7 @@ class HipRuntime(Runtime):
         self._modules: dict[tuple[int, bytes], Any] = {}  # kept alive for the process
 
     def load(self, kernel: CompiledKernel, name: str, device: int) -> Any:
-        import torch
-
-        with torch.cuda.device(device):
+        with self._in(device):
             module = self._modules.get((device, kernel.code))
             if module is None:
                 module = checked(self._hip.hipModuleLoadData(kernel.code), "hipModuleLoadData", DeviceError)
@@ -49,13 +49,20 @@ class HipRuntime(Runtime):
     # hipDeviceMallocUncached: flags written by one GPU are seen by its peers without cache flushes.
     _MALLOC_UNCACHED = 3
     _IPC_LAZY_ENABLE_PEER_ACCESS = 1
-    _MEMCPY_DEVICE_TO_DEVICE = 3
     _HOST_MALLOC_MAPPED_PORTABLE = 0x2 | 0x1  # hipHostMallocMapped | hipHostMallocPortable
 
-    def _in(self, device: int):
-        import torch
-
-        return torch.cuda.device(device)
+    @contextmanager
+    def _in(self, device: int) -> Iterator[None]:
+        """Makes `device` current for the calls inside, then restores the caller's device."""
+        hip = self._hip
+        previous = checked(hip.hipGetDevice(), "hipGetDevice", DeviceError)
+        if previous != device:
+            checked(hip.hipSetDevice(device), f"hipSetDevice({device})", DeviceError)
+        try:
+            yield
+        finally:
+            if previous != device:
+                hip.hipSetDevice(previous)
 
     def alloc(self, nbytes: int, device: int, uncached: bool = False) -> int:
         hip = self._hip
@@ -78,8 +85,9 @@ class HipRuntime(Runtime):
             checked(self._hip.hipMemcpyHtoD(ptr, bytearray(data), len(data)), "hipMemcpyHtoD", DeviceError)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        checked(self._hip.hipMemcpyAsync(dst, src, nbytes, self._MEMCPY_DEVICE_TO_DEVICE,
-                                         self._hip.hipStream_t(stream) if stream else None),
+        hip = self._hip
+        checked(hip.hipMemcpyAsync(dst, src, nbytes, hip.hipMemcpyKind.hipMemcpyDeviceToDevice,
+                                   hip.hipStream_t(stream) if stream else None),
                 "hipMemcpyAsync", DeviceError)
 
     def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:

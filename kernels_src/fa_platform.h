@@ -64,29 +64,31 @@ FA_INLINE fa_u16 fa_float_to_half_bits(float f) { return __builtin_bit_cast(fa_u
 FA_INLINE float fa_sqrt(float x) { return __builtin_sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return __builtin_sqrt(x); }
 
-// Cross-GPU flags: release/acquire at system scope (emit buffer_wbl2 / buffer_inv on gfx942), so data
-// written before a flag store is visible to the peer GPU that acquires the flag.
+// Cross-GPU flags: release/acquire at system scope (emit buffer_wbl2 / buffer_inv on gfx90a and gfx942), so
+// data written before a flag store is visible to the peer GPU that acquires the flag. __hip_atomic_* with
+// __HIP_MEMORY_SCOPE_SYSTEM exist in every hiprtc from ROCm 5.x on and in upstream clang for HIP;
+// __scoped_atomic_* would need clang >= 18 (ROCm >= 6.2).
 FA_INLINE void fa_store_release_sys(fa_u32* p, fa_u32 v) {
-  __scoped_atomic_store_n(p, v, __ATOMIC_RELEASE, __MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 FA_INLINE fa_u32 fa_load_acquire_sys(const fa_u32* p) {
-  return __scoped_atomic_load_n(p, __ATOMIC_ACQUIRE, __MEMORY_SCOPE_SYSTEM);
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 // Returns the old value; only stores `desired` if the word held `expected`.
 FA_INLINE fa_u32 fa_cas_sys(fa_u32* p, fa_u32 expected, fa_u32 desired) {
-  __scoped_atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
-                                     __MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
+                                       __HIP_MEMORY_SCOPE_SYSTEM);
   return expected;
 }
 FA_INLINE void fa_or_sys(fa_u32* p, fa_u32 bits) {
-  __scoped_atomic_fetch_or(p, bits, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_fetch_or(p, bits, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 // A word another agent may change at any time, read fresh each time (no acquire: nothing is ordered by it).
 FA_INLINE fa_u32 fa_load_relaxed_sys(const fa_u32* p) {
-  return __scoped_atomic_load_n(p, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 FA_INLINE void fa_store_relaxed_sys(fa_u32* p, fa_u32 v) {
-  __scoped_atomic_store_n(p, v, __ATOMIC_RELAXED, __MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 // s_memrealtime is a constant 100 MHz clock on CDNA: 10 ns per tick.
 FA_INLINE fa_u64 fa_timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }

@@ -1,16 +1,22 @@
-"""The AMD path without ROCm: every kernel's HIP source compiles with clang-19 for gfx942; the
-disassembly shows DPP in the wave reduction, 16-byte global accesses, no ds_bpermute, no scratch."""
+"""The AMD path without ROCm: every kernel's HIP source compiles with clang-19 for gfx942, and its optimized
+IR lowers for gfx950 through the LLVM in the triton wheel; both pass fused_ar.amd_isa's rules (DPP wave sum,
+system-scope flags, 16-byte accesses, no ds_bpermute, no scratch).
+
+What the gfx950 check does not prove: the IR comes from a gfx942 frontend (macros such as __gfx942__, not
+__gfx950__; the kernels hold no arch-specific branch today), it is upstream LLVM rather than ROCm's fork in
+hiprtc, and nothing runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from fused_ar.compiler_clang import ClangHipCompiler, disassemble, scratch_bytes
+from fused_ar import amd_isa
+from fused_ar.compiler_clang import ClangHipCompiler
 from fused_ar.kernels import warm_matrix
 from fused_ar.render import render
-from fused_ar.spec import DType
+from fused_ar.spec import SUPPORTED_NGPUS, DType
 
-SPECS = warm_matrix(["gfx942"], list(DType), [1, 2, 4, 6, 8])
+SPECS = warm_matrix(["gfx942"], list(DType), SUPPORTED_NGPUS)
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +28,27 @@ def clang():
 def test_gfx942_code_object(clang, spec):
     kernel = clang.compile(render(spec), "gfx942")
     assert kernel.code[:4] == b"\x7fELF"
-    scratch = scratch_bytes(kernel)
-    assert scratch and all(s == 0 for s in scratch), f"scratch (spills) per lane: {scratch}"
-    asm = disassemble(kernel)
-    assert "global_load_dwordx4" in asm and "global_store_dwordx4" in asm
-    assert "ds_bpermute" not in asm, "a lane exchange fell back to ds_bpermute"
-    if spec.ngpus > 1:
-        # cross-GPU flags: system-scope release (write back L2) and acquire (invalidate)
-        assert "buffer_wbl2" in asm and "buffer_inv" in asm and "s_memrealtime" in asm
-    if "rmsnorm" not in spec.op.value:
-        return
-    assert "row_bcast:15" in asm and "row_bcast:31" in asm, "wave reduction is not the DPP tree"
-    assert "quad_perm:[1,0,3,2]" in asm and "row_ror:8" in asm
-    assert "v_readlane_b32" in asm
+    assert amd_isa.check(amd_isa.disassemble(kernel.code, "gfx942"), spec, "gfx942") is None
+
+
+def test_gfx950_lowering_is_really_gfx950(clang):
+    spec = SPECS[-1]
+    asm = amd_isa.lower_ir(clang.emit_llvm(render(spec), "gfx942"), "gfx950")
+    assert 'amdgcn_target "amdgcn-amd-amdhsa-unknown-gfx950"' in asm and "gfx942" not in asm
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kernel_name)
+def test_gfx950_code(clang, spec):
+    asm = amd_isa.lower_ir(clang.emit_llvm(render(spec), "gfx942"), "gfx950")
+    assert amd_isa.check(asm, spec, "gfx950") is None
+
+
+def test_the_rules_catch_what_they_must(clang):
+    """The checker is not vacuous: code without the flags' cache control or with scratch fails it."""
+    spec = next(s for s in SPECS if s.ngpus == 2 and "rmsnorm" in s.op.value)
+    text = amd_isa.disassemble(clang.compile(render(spec), "gfx942").code, "gfx942")
+    assert amd_isa.problems(text.replace("buffer_wbl2", "s_nop"), spec, "gfx942")
+    assert amd_isa.problems(text.replace("row_bcast:31", "row_shr:1"), spec, "gfx942")
+    assert amd_isa.problems(text.replace(".private_segment_fixed_size: 0", ".private_segment_fixed_size: 16"),
+                            spec, "gfx942")
+    assert amd_isa.problems(text, spec, "gfx90a"), "gfx942's sc0 sc1 forms are not gfx90a's"
