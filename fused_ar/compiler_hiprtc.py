@@ -27,7 +27,8 @@ from .render import Source
 from .spec import Platform
 
 _BASE_OPTIONS = ("-O3", "-std=c++17")
-HIPRTC_LIBRARY = "libhiprtc.so"  # the name hip-python opens
+HIPRTC_LIBRARY = "libhiprtc.so"  # the names hip-python opens
+HIP_LIBRARY = "libamdhip64.so"
 _COMGR_SONAME = re.compile(rb"libamd_comgr\.so\.[0-9]+")
 # What a hiprtc needs for the archs the library targets (AMD's ROCm release notes).
 NEEDS = {"gfx90a": "ROCm >= 5.0", "gfx942": "ROCm >= 6.0", "gfx950": "ROCm >= 7.0"}
@@ -79,11 +80,12 @@ class HiprtcCompiler(Compiler):
             raise unavailable("gfx targets", "hip-python (pip install 'fused_ar[rocm]')", exc) from exc
         try:
             checked(hiprtc.hiprtcVersion(), "hiprtcVersion")
-        except Exception as exc:  # hip-python is there; the ROCm library it opens is not
+            checked(hip.hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+        except Exception as exc:  # hip-python is there; the ROCm libraries it opens are not
             raise unavailable("gfx targets", f"hiprtc, the ROCm runtime compiler: hip-python is installed, but "
-                              f"{HIPRTC_LIBRARY} is not on the loader's path (install ROCm, or add the directory "
-                              f"holding it to LD_LIBRARY_PATH; ROCm 5.x has hiprtc inside libamdhip64.so: add a "
-                              f"link named {HIPRTC_LIBRARY} to it)", exc) from exc
+                              f"{HIPRTC_LIBRARY} or {HIP_LIBRARY} is not on the loader's path (install ROCm, or add "
+                              f"the directory holding them to LD_LIBRARY_PATH; ROCm 5.x has hiprtc inside "
+                              f"{HIP_LIBRARY}: add a link named {HIPRTC_LIBRARY} to it)", exc) from exc
         return hip, hiprtc
 
     @cached_property

@@ -2,8 +2,9 @@
 # Sets up a fresh Debian machine (12 or 13) for fused_ar's tests and main job, skipping what is there:
 #  - apt: clang-19, lld-19, llvm-19 (the offline AMD compile and disassembly) and the ROCm runtime that the
 #    release offers (libamdhip64, hiprtc builtins, comgr: a real hiprtc, no GPU needed);
-#  - .venv/rocm-lib/libhiprtc.so, a link to the library that provides hiprtc (hip-python opens that name;
-#    on ROCm 5.x hiprtc lives inside libamdhip64.so); scripts/test.sh puts the directory on LD_LIBRARY_PATH;
+#  - .venv/rocm-lib/libhiprtc.so and libamdhip64.so, links to the libraries that provide hiprtc and HIP
+#    (hip-python opens those unversioned names, which only ROCm's -dev packages carry; on ROCm 5.x hiprtc
+#    lives inside libamdhip64); scripts/test.sh puts the directory on LD_LIBRARY_PATH;
 #  - a venv in .venv with torch 2.13.0 (the CPU build; a bare `torch` would pull a multi-GB CUDA build) and
 #    the package (editable) with its cuda, rocm, bench, test and gfx950 extras.
 set -euo pipefail
@@ -24,7 +25,10 @@ need=()
 for tool in clang-19 ld.lld-19 llvm-objdump-19 llvm-readelf-19; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
-rocm_lib() { ldconfig -p | awk '/libhiprtc\.so\.[0-9]|libamdhip64\.so\.[0-9]/ {print $NF}' | sort | head -1; }
+so_path() { ldconfig -p | awk -v re="$1" '$1 ~ re {print $NF}' | sort | head -1; }
+hip_lib() { so_path '^libamdhip64\\.so\\.[0-9]'; }
+# ROCm >= 6 ships libhiprtc.so.N; ROCm 5.x has hiprtc inside libamdhip64.
+rocm_lib() { local rtc; rtc=$(so_path '^libhiprtc\\.so\\.[0-9]'); echo "${rtc:-$(hip_lib)}"; }
 if [ ${#need[@]} -gt 0 ] || [ -z "$(rocm_lib)" ]; then
   say "apt-get update (missing: ${need[*]:-} $([ -z "$(rocm_lib)" ] && echo 'ROCm runtime'))"
   "${APT[@]}" update
@@ -50,7 +54,8 @@ lib=$(rocm_lib)
 if [ -n "$lib" ]; then
   mkdir -p .venv/rocm-lib
   ln -sfn "$lib" .venv/rocm-lib/libhiprtc.so
-  say "hiprtc: .venv/rocm-lib/libhiprtc.so -> $lib"
+  ln -sfn "$(hip_lib)" .venv/rocm-lib/libamdhip64.so
+  say "hiprtc: .venv/rocm-lib/libhiprtc.so -> $lib, libamdhip64.so -> $(hip_lib)"
 else
   say "no ROCm runtime found: the real-hiprtc tests will fail under scripts/test.sh"
 fi

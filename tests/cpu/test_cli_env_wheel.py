@@ -43,10 +43,22 @@ def test_warm_twice_compiles_nothing_the_second_time(tmp_path):
     assert "removed 10 entries" in cleared.stdout and not list(cache.glob("??/*"))
 
 
+NO_ROCM = {"LD_LIBRARY_PATH": ""}  # scripts/test.sh puts a real hiprtc there; these tests need none
+
+
 def test_warm_for_gfx_without_rocm_says_why(tmp_path):
-    proc = _cli("warm", "--arch", "gfx942", "--ngpus", "1", cache=tmp_path / "c")
-    assert proc.returncode == 2
+    proc = _cli("warm", "--arch", "gfx942", "--ngpus", "1", cache=tmp_path / "c", extra_env=NO_ROCM)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "hiprtc" in proc.stderr and "ROCm" in proc.stderr and "Traceback" not in proc.stderr
+    assert "LD_LIBRARY_PATH" in proc.stderr and "b'" not in proc.stderr, "a hint that is not true, or a repr"
+
+
+def test_warm_for_two_archs_without_rocm_warms_the_one_it_can(tmp_path):
+    proc = _cli("warm", "--arch", "sm_90,gfx942", "--ngpus", "1", "--dtype", "bf16", cache=tmp_path / "c",
+                extra_env=NO_ROCM)
+    assert proc.returncode == 1 and "5 compiled (5 saved)" in proc.stdout
+    assert [line for line in proc.stderr.splitlines() if "gfx942" in line] == proc.stderr.strip().splitlines()
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_warm_without_arch_or_gpu_says_so(tmp_path):
@@ -55,7 +67,7 @@ def test_warm_without_arch_or_gpu_says_so(tmp_path):
 
 
 def test_info_runs(tmp_path):
-    proc = _cli("info", cache=tmp_path / "c")
+    proc = _cli("info", cache=tmp_path / "c", extra_env=NO_ROCM)
     assert proc.returncode == 0, proc.stderr
     assert "NVRTC (CUDA): nvrtc-" in proc.stdout and "hiprtc (ROCm): unavailable" in proc.stdout
 
