@@ -20,6 +20,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8192, help="hidden size")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = p.parse_args()
+    fused_ar.require_gpu("examples/add_rmsnorm_example.py")
     dtype = getattr(torch, args.dtype)
 
     x = torch.randn(args.m, args.n, device="cuda", dtype=dtype)  # e.g. the attention output
@@ -42,4 +43,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except fused_ar.FusedArError as exc:
+        raise SystemExit(f"add_rmsnorm_example: {exc}") from None

@@ -30,6 +30,7 @@ os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # one hardware queue
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fused_ar  # noqa: E402
 from fused_ar import Communicator  # noqa: E402
 from fused_ar.reference import add_rmsnorm_reference, prime_allocator, ulp_distance  # noqa: E402
 
@@ -189,9 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--one-process", action="store_true", help="all ranks in this process on GPU 0")
     a = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("tp_decode needs a GPU")
-        return 1
+    fused_ar.require_gpu("examples/tp_decode.py")
     torch._dynamo.config.cache_size_limit = max(64, 8 * a.tp)  # one compiled variant per (rank, m)
     max_bytes = max(a.m) * a.hidden * 2
     if "RANK" in os.environ or (not a.one_process and torch.cuda.device_count() >= a.tp):
@@ -242,4 +241,7 @@ def _worker(rank: int, world: int, a, max_bytes: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except fused_ar.FusedArError as exc:
+        sys.exit(f"tp_decode: {exc}")

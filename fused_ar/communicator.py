@@ -30,7 +30,8 @@ from .runtime import current_runtime
 from .spec import DEFAULT_PACK, DType, KernelSpec
 from .thresholds import SizeRule, Thresholds
 from .thresholds import load as load_thresholds
-from .validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows, first_kernel_limit
+from .validate import (check_devices, check_outputs, check_rmsnorm_inputs, check_rows, device_index,
+                       first_kernel_limit, require_gpu)
 
 _ids = itertools.count(1)
 
@@ -43,21 +44,22 @@ class Communicator:
 
     group: a torch.distributed process group (default: the world); handles travel over it (gloo or any
     backend that can all_gather Python objects). device_group: the group the fallback all-reduces over
-    (NCCL on CUDA, RCCL on ROCm; default: `group`). device: this rank's GPU (default: the current one).
+    (NCCL on CUDA, RCCL on ROCm; default: `group`). device: this rank's GPU as torch takes it (an int,
+    torch.device or "cuda:N"; default: the current one).
     max_bytes: the largest input per call, in bytes per rank, that takes the IPC kernels.
 
     The IPC kernels serve one node with working peer access (probed for real once, fused_ar.probe); a
     group they cannot serve is served by the fallback for every call, with one log line saying why.
     """
 
-    def __init__(self, group: Any = None, device: Optional[int] = None, max_bytes: int = DEFAULT_MAX_BYTES, *,
+    def __init__(self, group: Any = None, device: Any = None, max_bytes: int = DEFAULT_MAX_BYTES, *,
                  device_group: Any = None) -> None:
-        import torch
         import torch.distributed as dist
 
+        require_gpu("fused_ar.Communicator")
+        device = device_index(device)
         group = group if group is not None else dist.group.WORLD
-        self._init_fields(dist.get_rank(group), dist.get_world_size(group),
-                          torch.cuda.current_device() if device is None else int(device), max_bytes)
+        self._init_fields(dist.get_rank(group), dist.get_world_size(group), device, max_bytes)
         self._group = group
         self._device_group = device_group if device_group is not None else group
         try:
@@ -157,7 +159,7 @@ class Communicator:
         self._graphs.prefill(view)
 
     @classmethod
-    def local_group(cls, world_size: int, device: Optional[int] = None,
+    def local_group(cls, world_size: int, device: Any = None,
                     max_bytes: int = DEFAULT_MAX_BYTES) -> list["Communicator"]:
         """N ranks in this process on one GPU, each with its own memory; the caller gives each rank its own
         stream (kernels of all ranks must be in flight together). For tests, demos and benchmarks. Set
@@ -170,11 +172,10 @@ class Communicator:
         add_rmsnorm kernel here, before any rank can launch (compiling the ones not in the disk cache;
         `python -m fused_ar warm` ahead makes this quick). A local group has no device group: calls the
         IPC kernels cannot serve raise InputError instead of taking the fallback."""
-        import torch
-
         if world_size not in CROSS_GPU_NGPUS:
             raise InputError(f"local_group({world_size}): the cross-GPU kernels take {list(CROSS_GPU_NGPUS)} ranks")
-        device = torch.cuda.current_device() if device is None else int(device)
+        require_gpu("fused_ar.Communicator.local_group")
+        device = device_index(device)
         preload(warm_matrix([arch_of(device)], list(DType), [1, world_size]), device)
         hub = LocalHub(world_size)
         stored = load_thresholds(arch_of(device), world_size)

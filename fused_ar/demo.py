@@ -67,6 +67,8 @@ def _emulated(torch: Any, world: int, ms: list[int], n: int) -> dict:
                         step()
                         for s in streams:
                             capture.wait_stream(s)
+                for c in comms:  # the captured calls read x in place: every rank learns its peers' x
+                    c.register_graph_buffers()
                 graph.replay()
                 torch.cuda.synchronize()
                 times = []
@@ -79,8 +81,7 @@ def _emulated(torch: Any, world: int, ms: list[int], n: int) -> dict:
                     times.append(a.elapsed_time(b) * 1e3 / ITERS)
                 rows[(m, path)] = sorted(times)[len(times) // 2]
                 for c in comms:
-                    if c.error_code():
-                        raise SystemExit(f"demo: rank {c.rank} timed out at a barrier ({c.error_code():#x})")
+                    c.check()  # what a rank's kernels recorded (timeout, mismatch, ...), as its exception
     finally:
         torch.cuda.synchronize()
         for c in comms:
@@ -107,7 +108,7 @@ def _worker(rank: int, world: int, init_file: str, ms: list[int], n: int, out_fi
                 torch.cuda.synchronize()
                 _check(torch, xs, residual, weight, out, ro)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                with comm.capture(), torch.cuda.graph(graph):
                     for _ in range(ITERS):
                         comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path)
                 dist.barrier()
@@ -135,9 +136,9 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     import torch
 
-    if not torch.cuda.is_available():
-        print("demo needs a GPU")
-        return 2
+    from .validate import require_gpu
+
+    require_gpu("python -m fused_ar demo")
     gpus = torch.cuda.device_count()
     tables = {}
     if gpus >= 2:

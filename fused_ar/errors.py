@@ -56,6 +56,10 @@ class DeviceError(FusedArError, RuntimeError):
     """A driver call (load, launch) failed; the message names the call and the driver's error."""
 
 
+class NoGpuError(DeviceError):
+    """Something that runs on a GPU was asked for where torch sees none."""
+
+
 class PeerTimeoutError(FusedArError, RuntimeError):
     """A cross-GPU kernel gave up waiting for peers (FUSED_AR_TIMEOUT_S): `ranks` never arrived. The
     communicator refuses further calls; create a new one."""

@@ -163,7 +163,16 @@ def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["--child"]:
         _child(json.loads(argv[1]))
         return 0
-    ok, detail = peer_access([int(a) for a in argv] or [0])
+    from .errors import FusedArError
+    from .validate import device_index, require_gpu
+
+    try:
+        require_gpu("python -m fused_ar.probe")
+        devices = [device_index(int(a) if a.isdigit() else a, "GPU") for a in argv] or [device_index(0, "GPU")]
+        ok, detail = peer_access(devices)
+    except FusedArError as exc:
+        print(f"fused_ar.probe: {exc}", file=sys.stderr)
+        return 2
     print(("peer access works: " if ok else "peer access does NOT work: ") + detail)
     return 0 if ok else 1
 

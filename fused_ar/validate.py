@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import InputError, UnsupportedShapeError
+from .errors import InputError, NoGpuError, UnsupportedShapeError
 from .spec import DEFAULT_PACK, DType
 
 INT32_MAX = 2**31 - 1
@@ -21,6 +21,44 @@ class RowsShape:
     dtype: DType
     rows: int
     cols: int
+
+
+def require_gpu(what: str) -> None:
+    """Raises NoGpuError (one line) where torch sees no GPU: `what` needs one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"ROCm {torch.version.hip}" if getattr(torch.version, "hip", None) else (
+            f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build")
+        raise NoGpuError(f"{what} needs a GPU, and torch {torch.__version__} ({build}) sees none")
+
+
+def device_index(device: Any, what: str = "device") -> int:
+    """The GPU index of what torch users pass for a device: an int, a torch.device or a string such as
+    "cuda:1" ("cuda" alone: the current device); None is the current device. InputError for a CPU
+    device or an index out of range, NoGpuError where there is no GPU."""
+    import torch
+
+    require_gpu(f"{what}={device!r}")
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise InputError(f"{what}={device!r}: expected an int, a torch.device or a string such as 'cuda:0'")
+    if isinstance(device, int):
+        index = device
+    else:
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError) as exc:
+            raise InputError(f"{what}={device!r}: not a device ({exc})") from None
+        if parsed.type != "cuda":
+            raise InputError(f"{what}={device!r} is a {parsed.type} device: fused_ar runs on GPUs ('cuda:N', "
+                             f"also under ROCm)")
+        index = torch.cuda.current_device() if parsed.index is None else parsed.index
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:
+        raise InputError(f"{what}={device!r}: there is no GPU {index} (this process sees {count})")
+    return index
 
 
 def _tensor(name: str, t: Any) -> None:

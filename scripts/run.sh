@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m fused_ar warm --arch "${FUSED_AR_WARM_ARCH:-sm_90}" --dtype bf16,fp16,fp32 --ngpus 1,2,4,8
+.venv/bin/python -m fused_ar warm --arch "${FUSED_AR_WARM_ARCH:-sm_90}" --dtype bf16,fp16,fp32
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   .venv/bin/python examples/add_rmsnorm_example.py
 else

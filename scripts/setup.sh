@@ -64,6 +64,8 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__ != '2.13
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-say "pip install -e .[cuda,rocm,bench,test,gfx950]"
-.venv/bin/python -m pip install -q -e ".[cuda,rocm,bench,test,gfx950]"
+# strict: the package is found through a link tree, so a directory named fused_ar in the working directory
+# (the clone itself, seen from its parent) cannot shadow it as an empty namespace package
+say "pip install -e .[cuda,rocm,bench,test,gfx950] (editable_mode=strict)"
+.venv/bin/python -m pip install -q -e ".[cuda,rocm,bench,test,gfx950]" --config-settings editable_mode=strict
 say "done"

@@ -103,9 +103,9 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     from ..ops import add_rmsnorm
     from .timing import copy_bandwidth
 
-    if not torch.cuda.is_available():
-        print("bench add_rmsnorm needs a GPU")
-        return 2
+    from ..validate import require_gpu
+
+    require_gpu("python -m fused_ar bench add_rmsnorm")
     dtype = getattr(torch, args.dtype.torch_name)
     eps = 1e-6
     copy_bw = copy_bandwidth(torch.cuda.current_device())

@@ -244,9 +244,9 @@ def run_sweep(args: argparse.Namespace) -> int:
                   tuple(args.paths), args.graph_calls, args.replays,
                   "python -m fused_ar bench " + " ".join(shlex.quote(a) for a in args.argv))
     sweep.check()
-    if not torch.cuda.is_available():
-        print("fused_ar bench needs a GPU (torch.cuda.is_available() is False here)", file=sys.stderr)
-        return 2
+    from ..validate import require_gpu
+
+    require_gpu("python -m fused_ar bench")
     gpus = torch.cuda.device_count()
     modes = plan(sweep, gpus, args.one_process)
     if args.write_thresholds and not any(m is False for m in modes.values()):

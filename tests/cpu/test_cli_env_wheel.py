@@ -72,6 +72,17 @@ def test_info_runs(tmp_path):
     assert "NVRTC (CUDA): nvrtc-" in proc.stdout and "hiprtc (ROCm): unavailable" in proc.stdout
 
 
+def test_the_clone_seen_from_its_parent_does_not_shadow_the_package(tmp_path):
+    """`cd ~` with the clone in ~/fused_ar: the directory is an empty namespace package candidate, which an
+    editable install's import hook (setuptools' default mode) loses to; scripts/setup.sh installs strict."""
+    (tmp_path / "fused_ar").symlink_to(REPO)
+    code = "import fused_ar; fused_ar.KernelSpec; print(fused_ar.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("fused_ar/__init__.py")
+
+
 def test_readme_documents_every_environment_variable():
     assert env.markdown_table() in (REPO / "README.md").read_text()
 

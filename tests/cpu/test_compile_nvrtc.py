@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -19,10 +20,21 @@ from fused_ar.spec import DType, KernelSpec
 SPECS = warm_matrix(["sm_90"], list(DType), [1, 2, 4, 6, 8])
 
 
-def _sass(cubin: bytes) -> str:
+def _cuobjdump() -> str:
+    """cuobjdump on PATH, else the one the nvidia-cuda-cuobjdump wheel installs (nvidia/cu13/bin)."""
     tool = shutil.which("cuobjdump")
     if tool is None:
-        pytest.fail("cuobjdump not on PATH (the nvidia-cuda-cuobjdump wheel's nvidia/cu13/bin)")
+        import nvidia
+
+        found = [p / "cu13" / "bin" / "cuobjdump" for p in map(Path, nvidia.__path__)]
+        tool = next((str(p) for p in found if p.is_file()), None)
+    if tool is None:
+        pytest.fail("cuobjdump not found: pip install nvidia-cuda-cuobjdump (the test extra) or put it on PATH")
+    return tool
+
+
+def _sass(cubin: bytes) -> str:
+    tool = _cuobjdump()
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

@@ -336,7 +336,6 @@ def test_cli_reports_malformed_entries_without_traceback(tmp_path):
 # -- 6. races and interruptions --------------------------------------------------------------------------
 def test_reads_racing_clear_are_misses(tmp_path):
     fake, errors, stop = FakeCompiler(), [], threading.Event()
-    cache = _cache(tmp_path)
 
     def clearer():
         while not stop.is_set():

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import fused_ar.ops as ops
-from fused_ar.errors import InputError
+from fused_ar.errors import InputError, NoGpuError
 from fused_ar.kernels import ADD_RMSNORM
 from fused_ar.runtime import pack_args
+from fused_ar.validate import device_index, require_gpu
 
 
 @pytest.fixture(autouse=True)
@@ -91,3 +92,34 @@ def test_args_pack_as_c_types():
 def test_bad_launch_args(args, message):
     with pytest.raises(InputError, match=message):
         pack_args(ADD_RMSNORM, args)
+
+
+# -- devices, as torch users pass them ------------------------------------------------------------------
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch's view of a machine with two GPUs, GPU 1 current (only the device rules run here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+
+
+@pytest.mark.parametrize("device,index", [(0, 0), (1, 1), (None, 1), ("cuda", 1), ("cuda:0", 0),
+                                          (torch.device("cuda", 0), 0), (torch.device("cuda"), 1)])
+def test_device_forms(two_gpus, device, index):
+    assert device_index(device) == index
+
+
+@pytest.mark.parametrize("device,rule", [("cpu", "cpu device"), (torch.device("cpu"), "cpu device"),
+                                         (2, "no GPU 2"), ("cuda:7", "no GPU 7"), (-1, "no GPU -1"),
+                                         ("gpu:0", "not a device"), (True, "expected an int"),
+                                         (1.0, "expected an int"), ("meta", "meta device")])
+def test_bad_device_forms(two_gpus, device, rule):
+    with pytest.raises(InputError, match=rule):
+        device_index(device)
+
+
+def test_no_gpu_is_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(NoGpuError, match="^fused_ar.Communicator needs a GPU, and torch .* sees none$"):
+        require_gpu("fused_ar.Communicator")

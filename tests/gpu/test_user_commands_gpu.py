@@ -1,0 +1,78 @@
+"""What a new user runs first, run as they would on one GPU: `python -m fused_ar demo` and every example
+(with its defaults; the benchmark example with a small sweep), each checked for its exit status and output;
+a Communicator built with each form of device torch users pass."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fused_ar
+from fused_ar.errors import InputError
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, CUDA_DEVICE_MAX_CONNECTIONS="32")
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_demo_prints_its_table_and_exits_0():
+    proc = _run("-m", "fused_ar", "demo")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 3 * 4, proc.stdout  # N = 2, 4, 8 x m = 1, 16, 128, 1024
+    assert "checked against the rank-order reference" in proc.stdout
+
+
+def test_add_rmsnorm_example():
+    proc = _run("examples/add_rmsnorm_example.py")
+    assert proc.returncode == 0 and "residual_out bit-exact: True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_tp_decode_example():
+    proc = _run("examples/tp_decode.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for mode in ("eager", "graph", "compiled"):
+        assert mode in proc.stdout
+
+
+def test_bench_example_small(tmp_path):
+    proc = _run("examples/bench_fused_ar_rmsnorm.py", "--tp", "2", "--m", "1,16", "--hidden", "4096",
+                "--graph-calls", "20", "--replays", "3", "--out", str(tmp_path / "b"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "b" / "tp2.md").is_file() and (tmp_path / "b" / "results.json").is_file()
+
+
+@pytest.mark.parametrize("device", [0, torch.device("cuda", 0), "cuda:0", "cuda", torch.device("cuda")],
+                         ids=["int", "torch.device(cuda, 0)", "cuda:0", "cuda", "torch.device(cuda)"])
+def test_local_group_takes_every_device_form(device):
+    comms = fused_ar.Communicator.local_group(2, device=device, max_bytes=1 << 20)
+    try:
+        assert all(c.device == 0 for c in comms)
+    finally:
+        for c in comms:
+            c.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), 99, "cuda:99", "gpu:0", 1.5])
+def test_bad_devices_are_input_errors(device):
+    with pytest.raises(InputError, match="device"):
+        fused_ar.Communicator.local_group(2, device=device, max_bytes=1 << 20)
+
+
+def test_communicator_in_a_process_group_takes_a_torch_device(tmp_path):
+    code = ("import torch, torch.distributed as dist, fused_ar\n"
+            f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+            "for d in (torch.device('cuda', 0), 'cuda:0', 0):\n"
+            "    with fused_ar.Communicator(device=d, max_bytes=1 << 20) as c:\n"
+            "        print(repr(c))\n")
+    proc = _run("-c", code, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("cuda:0") == 3
