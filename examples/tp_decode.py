@@ -2,7 +2,7 @@
 partial sums the fused op all-reduces, adds to the residual and normalizes. Runs eager, graph-captured
 (one CUDA graph per batch size, replayed with new inputs) and torch.compile'd (fullgraph, the op as
 torch.ops.fused_ar.allreduce_rmsnorm, captured into a graph too), and checks every result against a
-single-process reference (DESIGN.md section 1: residual_out bit-exact, out within 1 ulp).
+single-process reference (docs/design.md section 1: residual_out bit-exact, out within 1 ulp).
 
     python examples/tp_decode.py --tp 4                 # one process per GPU where there are 4 GPUs,
                                                         # else all ranks in this process on GPU 0

@@ -301,7 +301,7 @@ class Communicator:
     # -- ops ----------------------------------------------------------------------------------------------
     def allreduce_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, path: str = "auto",
                           out: Optional[Any] = None, residual_out: Optional[Any] = None) -> tuple[Any, Any]:
-        """(out, residual_out) of DESIGN.md section 1: x all-reduced over the group (fp32, rank order),
+        """(out, residual_out) of docs/design.md section 1: x all-reduced over the group (fp32, rank order),
         rounded to T, plus residual, then RMSNorm * weight. Out-of-place; every rank calls it together
         with the same shape and path. Runs on torch's current stream."""
         import torch

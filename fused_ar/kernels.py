@@ -113,7 +113,7 @@ PEER_TABLE_BYTES = (3 * MAX_RANKS + 2) * 8
 ERROR_TIMEOUT = 0x1000000
 ERROR_MISMATCH = 0x2000000
 ERROR_UNREGISTERED = 0x4000000
-# Stage 1 of the two-stage kernels: 256 threads give small-m shapes more blocks (shared/seed).
+# Stage 1 of the two-stage kernels: 256 threads give small-m shapes more blocks (docs/design.md, the origin).
 TWO_STAGE_BLOCK = 256
 CROSS_GPU_NGPUS = tuple(n for n in SUPPORTED_NGPUS if n > 1)
 

@@ -1,6 +1,6 @@
 """Public single-GPU ops. `add_rmsnorm` is also the epilogue of the communicator's fallback path.
 
-Validates everything before allocating or launching; semantics are DESIGN.md section 1 with N = 1.
+Validates everything before allocating or launching; semantics are docs/design.md section 1 with N = 1.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference of shared/DESIGN.md section 1, computed with torch in fp32 / fp64 on any device (tests and examples check against it)."""
+"""The reference of docs/design.md section 1, computed with torch in fp32 / fp64 on any device (tests and examples check against it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// add_rmsnorm: residual_out = T(x + residual); out = RMSNorm(residual_out) * weight (DESIGN.md section 1
+// add_rmsnorm: residual_out = T(x + residual); out = RMSNorm(residual_out) * weight (docs/design.md section 1
 // with N = 1). One block per row, rows taken grid-stride; each thread keeps up to FA_REG_PACKS packs in
 // registers, so x and residual are read once and both outputs written once for rows up to
 // FA_BLOCK * FA_REG_PACKS packs; wider rows re-read their own residual_out (this thread's writes).

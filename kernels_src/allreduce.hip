@@ -1,4 +1,4 @@
-// allreduce: out = T(sum over ranks of x_r, fp32, rank order), flat over all packs (DESIGN.md section 1).
+// allreduce: out = T(sum over ranks of x_r, fp32, rank order), flat over all packs (docs/design.md section 1).
 // Block b, thread t take packs b * FA_BLOCK + t + k * grid * FA_BLOCK on every rank, so the pairwise block
 // barriers order exactly what block b exchanges. FA_TWO_STAGE 0: each rank reduces every pack from all N
 // inputs. FA_TWO_STAGE 1: stage 1 reduces this rank's 1/N of the packs into every rank's tmp; a barrier;

@@ -1,5 +1,5 @@
 // allreduce_rmsnorm: ar = T(sum over ranks of x_r, fp32, rank order); residual_out = T(ar + residual);
-// out = RMSNorm(residual_out) * weight (DESIGN.md section 1). Block b owns rows b, b + grid, ... on every
+// out = RMSNorm(residual_out) * weight (docs/design.md section 1). Block b owns rows b, b + grid, ... on every
 // rank. FA_TWO_STAGE 0 (one-stage, small m): every rank reads whole rows from all N inputs.
 // FA_TWO_STAGE 1: stage 1 reduces this rank's 1/N of each owned row's packs and stores the T result into
 // every rank's tmp; a barrier; stage 2 runs add + RMSNorm on the complete rows in the local tmp.

@@ -1,4 +1,4 @@
-// fa_rmsnorm.h: the residual add + RMSNorm epilogue of DESIGN.md section 1, one pack at a time.
+// fa_rmsnorm.h: the residual add + RMSNorm epilogue of docs/design.md section 1, one pack at a time.
 // Shared by the local add_rmsnorm kernel and the fused all-reduce kernels, which feed it their
 // all-reduced values; it never touches a peer's memory.
 #pragma once

@@ -1,6 +1,6 @@
 """`python -m fused_ar bench add_rmsnorm`: the local kernel against torch eager and torch.compile.
 
-Method (shared/DESIGN.md section 7, METHOD.md): the floor first (device copy bandwidth, measured here),
+Method (docs/design.md section 7): the floor first (device copy bandwidth, measured here),
 then each variant captured K times into one CUDA graph, replays timed with events, median per call;
 fresh random inputs, outputs poisoned and checked before timing. Also the compile cost (cold / cached).
 """

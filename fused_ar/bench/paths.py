@@ -21,7 +21,7 @@ class BenchPath:
     name: str
     what: str
     needs: Needs
-    exact: bool  # residual_out bit-identical to the rank-order reference (DESIGN.md section 1)
+    exact: bool  # residual_out bit-identical to the rank-order reference (docs/design.md section 1)
 
 
 PATHS: tuple[BenchPath, ...] = (

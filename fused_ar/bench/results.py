@@ -2,7 +2,7 @@
 raw replay time of every rank, the paths skipped and why, and the environment. JSON in and out; no
 devices, no torch (the report is built from this alone, on any machine).
 
-The statistic of DESIGN.md section 7: per rank the minimum over replays, then the maximum over ranks
+The statistic of docs/design.md section 7: per rank the minimum over replays, then the maximum over ranks
 (`best_us`); `median_us` is the same with the median. Times are microseconds per op call.
 """
 

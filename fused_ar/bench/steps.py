@@ -1,6 +1,6 @@
 """What each benchmark path runs (fused_ar.bench.paths names them): one `Step` per local rank, built over a
 `Case` (one TP, hidden, dtype, m: fresh random inputs, the reference, preallocated outputs), and the
-check of a step's outputs against DESIGN.md section 1 before anything is timed.
+check of a step's outputs against docs/design.md section 1 before anything is timed.
 
 Our paths must be bit-exact (residual_out) and within 1 ulp (out); the collective baselines sum in their
 own order and are held to a sanity bound (every element written, finite, close to the reference).

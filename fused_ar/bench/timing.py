@@ -1,4 +1,4 @@
-"""The field's timing method (DESIGN.md section 7): K op calls captured into one CUDA graph per rank, each
+"""The field's timing method (docs/design.md section 7): K op calls captured into one CUDA graph per rank, each
 replay timed with events on that rank's stream, R replays, all ranks' replays started together. Also the
 bandwidth ceilings the floors are computed from.
 """

@@ -1,4 +1,4 @@
-"""The disk cache of DESIGN.md section 4 with real files and real processes: key fields, sharded entries,
+"""The disk cache of docs/design.md section 4 with real files and real processes: key fields, sharded entries,
 digest checks, 8 racing processes, a builder killed mid-build, unwritable and untrusted directories."""
 
 from __future__ import annotations

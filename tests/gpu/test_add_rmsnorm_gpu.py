@@ -1,4 +1,4 @@
-"""add_rmsnorm on a real GPU against the DESIGN.md section 1 reference: residual_out bit-exact, out
+"""add_rmsnorm on a real GPU against the docs/design.md section 1 reference: residual_out bit-exact, out
 within 1 ulp, inputs untouched, every output element written; eager and inside a captured CUDA graph."""
 
 from __future__ import annotations
