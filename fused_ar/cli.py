@@ -25,6 +25,23 @@ EXIT_INTERRUPTED = 130
 MAX_SIZES = 4096
 
 
+def _shown(value: Any) -> str:
+    """A default as a user types it: lists comma-joined, enums by value."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(_shown(v) for v in value)
+    return str(getattr(value, "value", value))
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, written as it would be typed (unless the help says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: {_shown(action.default)})"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: `fused_ar: error: <what> <value>: <rule>`, exit 2."""
 
@@ -359,6 +376,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "host":
+        from .bench.host import bench_host
+
+        if len(args.dtype) != 1:
+            fail(f"dtype {','.join(d.value for d in args.dtype)}: bench host takes one")
+        args.m, args.hidden = args.m or [8], args.hidden or [8192]
+        return bench_host(args)
     if args.what == "add_rmsnorm":
         from .bench.add_rmsnorm import bench_add_rmsnorm
 
@@ -384,7 +408,7 @@ CROSS_GPU_SIZES = tuple(n for n in SUPPORTED_NGPUS if n > 1)
 
 # -- parser -------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _HelpFormatter
     parser = _Parser(prog="python -m fused_ar", description=__doc__.splitlines()[0], formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"fused_ar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -431,10 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_type("n", _at_least_one), default=8192, help="hidden size")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, or the local add_rmsnorm",
-                       formatter_class=fmt)
-    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm"], default="allreduce_rmsnorm",
-                   help="which suite")
+    p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, the local add_rmsnorm, "
+                                     "or the host cost of eager calls", formatter_class=fmt)
+    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host"], default="allreduce_rmsnorm",
+                   help="which suite (host: CPU us per eager call, at the first --m (default 8), --hidden "
+                        "(default 8192), --tp and --dtype)")
     p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8], help="group sizes")
     p.add_argument("--m", type=_type("m", _sizes), default=None,
                    help=f"rows: a list and/or ranges, e.g. 1,2,4 or 1..1024 (doubling) or 64..512:64 (default "
@@ -450,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the measured crossovers in the cache directory for the communicator's auto path")
     p.add_argument("--one-process", action="store_true", help="emulate every TP on GPU 0 even with several GPUs")
     p.add_argument("--sweep-blocks", action="store_true", help="add_rmsnorm: also time every block size")
+    p.add_argument("--profile", action="store_true", help="host: add cProfile's top functions of the fused calls")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -9,6 +9,7 @@ report (no device synchronization): a timeout or mismatch recorded by an earlier
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import os
@@ -22,7 +23,8 @@ from .graphs import GraphBuffers, LocalHub
 from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
-from .launch import arch_of, function, launch, preload, spec_for
+from .launch import arch_of, function, preload, spec_for
+from .plans import CallPlan, is_capturing, meta, nbytes, plain_eps, raw_stream
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from .ops import add_rmsnorm_into
 from .report import pending_exception, read_error_word
@@ -98,6 +100,8 @@ class Communicator:
         self._failure: Optional[FusedArError] = None
         self._ranks_per_device = 1
         self._grid_caps: dict[KernelSpec, int] = {}
+        self._plans: dict[tuple, CallPlan] = {}
+        self._error_word: Optional[ctypes.c_uint32] = None  # this rank's report, read on every call
         self._timeout_s = env.TIMEOUT_S.get()
         self._timeout_ns = int(self._timeout_s * 1e9)
         self.closed = False
@@ -143,6 +147,7 @@ class Communicator:
 
     def _allocate(self) -> None:
         self._mem = RankMemory.allocate(self._runtime, self.device, self.max_bytes)
+        self._error_word = ctypes.c_uint32.from_address(self._mem.report_host)
         self._graphs = GraphBuffers(self._runtime, self._mem, local=self._group is None)
 
     def _connect(self, group: Any, everyone: list[dict[str, Any]]) -> None:
@@ -206,6 +211,7 @@ class Communicator:
         if getattr(self, "closed", True):
             return
         self.closed = True
+        self._error_word = None  # the host memory behind it is freed below
         torch_ops.unregister(self)
         if self._graphs is not None:
             self._graphs.close()
@@ -244,6 +250,8 @@ class Communicator:
         """Raises what this rank's kernels recorded so far (PeerTimeoutError, MismatchError), or that the
         communicator failed earlier or is closed. Calls check on their own; after a synchronize, this
         reports the last call's outcome without waiting for the next one."""
+        if self._error_word is not None and not self._error_word.value and self._failure is None and not self.closed:
+            return  # the common case, first
         if self.closed:
             raise FusedArError(f"{self!r} is closed")
         if self._failure is not None:
@@ -284,18 +292,16 @@ class Communicator:
     def _apply_graph_records(self, everyone: list[list[Any]]) -> None:
         self._graphs.apply(self.rank, self._view, everyone)
 
-    def _peer_table(self, x: Any, nbytes: int, stream: int) -> int:
+    def _peer_table(self, x: Any, size: int, stream: int) -> int:
         """The peer table of this call: a graph table naming x itself while capturing, else the eager one
         with x copied into the staging buffer (also while capturing when peers cannot map x)."""
-        import torch
-
-        if torch.cuda.is_current_stream_capturing():
+        if is_capturing():
             table = self._graphs.record(x.data_ptr())
             if table is not None:
                 return table
         elif self._graphs.pending:
             self.register_graph_buffers()
-        self._runtime.copy_async(self._mem.staging, x.data_ptr(), nbytes, stream)
+        self._runtime.copy_async(self._mem.staging, x.data_ptr(), size, stream)
         return self._mem.table
 
     # -- ops ----------------------------------------------------------------------------------------------
@@ -307,25 +313,24 @@ class Communicator:
         import torch
 
         self.check()
-        shape, eps = check_rmsnorm_inputs(x, residual, weight, eps, kernel=False)
-        inputs = {"x": x, "residual": residual, "weight": weight}
-        check_outputs(inputs, {"out": out, "residual_out": residual_out}, x, kernel=False)
-        outputs = {k: v for k, v in (("out", out), ("residual_out", residual_out)) if v is not None}
-        self._check_device(**inputs, **outputs)
-        unsupported = first_kernel_limit({**inputs, **outputs})
-        chosen = self._choose(path, x, unsupported, self.size_rule(shape.dtype, shape.cols))
+        tensors = (x, residual, weight, out, residual_out)
+        plan = self._plans.get(self._key(tensors, path)) if plain_eps(eps) else None
+        if plan is None or not plan.call_ok(tensors):
+            plan, eps = self._checked_fused(x, residual, weight, eps, path, out, residual_out)
         out = torch.empty_like(x) if out is None else out
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
-        if x.numel() == 0:
+        if plan.fallback:
+            if plan.rows:
+                self._fallback_rmsnorm(x, residual, weight, eps, out, residual_out, plan.torch_epilogue)
             return out, residual_out
-        if chosen is Path.FALLBACK:
-            return self._fallback_rmsnorm(x, residual, weight, eps, out, residual_out, unsupported is not None)
-        spec = self._fused_spec(shape.dtype, shape.cols, chosen)
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        table = self._peer_table(x, x.numel() * x.element_size(), stream)
-        launch(spec, self.device, min(shape.rows, self._grid_cap(spec)),
-               (table, self.rank, out.data_ptr(), residual_out.data_ptr(), residual.data_ptr(),
-                weight.data_ptr(), shape.rows, shape.cols, eps, self._timeout_ns), stream)
+        if plan.rows:
+            stream = raw_stream(self.device)
+            buf = plan.buffer()
+            v = buf.values
+            v.peers = self._peer_table(x, plan.x_bytes, stream)
+            v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
+            v.residual, v.weight, v.eps = residual.data_ptr(), weight.data_ptr(), eps
+            plan.launch(stream, buf)
         return out, residual_out
 
     def allreduce(self, x: Any, *, path: str = "auto", out: Optional[Any] = None) -> Any:
@@ -333,6 +338,58 @@ class Communicator:
         import torch
 
         self.check()
+        tensors = (x, out)
+        plan = self._plans.get(self._key(tensors, path))
+        if plan is None or not plan.call_ok(tensors):
+            plan = self._checked_allreduce(x, path, out)
+        out = torch.empty_like(x) if out is None else out
+        if not plan.rows:
+            return out
+        if plan.fallback:
+            return self._fallback_allreduce(x, out)
+        stream = raw_stream(self.device)
+        buf = plan.buffer()
+        buf.values.peers = self._peer_table(x, plan.x_bytes, stream)
+        buf.values.out = out.data_ptr()
+        plan.launch(stream, buf)
+        return out
+
+    def _key(self, tensors: tuple, path: str) -> Optional[tuple]:
+        """What a plan depends on: the tensors' metadata, the path asked for, the environment's overrides."""
+        try:
+            return (tuple(t is None or meta(t) for t in tensors), path, env.raw(env.ONE_STAGE),
+                    env.raw(env.ONE_STAGE_MAX_BYTES), env.raw(env.FALLBACK_MIN_BYTES))
+        except AttributeError:  # not a tensor: the full checks say so
+            return None
+
+    def _checked_fused(self, x: Any, residual: Any, weight: Any, eps: Any, path: str, out: Any,
+                       residual_out: Any) -> tuple["CallPlan", float]:
+        """Every rule of the call (raising InputError naming the value), the path, and the plan of its key."""
+        shape, eps = check_rmsnorm_inputs(x, residual, weight, eps, kernel=False)
+        inputs = {"x": x, "residual": residual, "weight": weight}
+        check_outputs(inputs, {"out": out, "residual_out": residual_out}, x, kernel=False)
+        outputs = {k: v for k, v in (("out", out), ("residual_out", residual_out)) if v is not None}
+        self._check_device(**inputs, **outputs)
+        unsupported = first_kernel_limit({**inputs, **outputs})
+        chosen = self._choose(path, x, unsupported, self.size_rule(shape.dtype, shape.cols))
+        tensors = (x, residual, weight, out, residual_out)
+        key = self._key(tensors, path)
+        plan = self._plans.get(key)
+        if plan is None or plan.fallback != (chosen is Path.FALLBACK):
+            if chosen is Path.FALLBACK:
+                plan = CallPlan.fallback_plan(tensors, 3, shape.rows, torch_epilogue=unsupported is not None)
+            else:
+                spec = self._fused_spec(shape.dtype, shape.cols, chosen)
+                plan = CallPlan(spec, self.device, min(shape.rows, self._grid_cap(spec)),
+                                {"rank": self.rank, "rows": shape.rows, "cols": shape.cols,
+                                 "timeout_ns": self._timeout_ns}, tensors, 3, shape.rows)
+            if unsupported is None:  # an unaligned call must come back here each time
+                self._plans[key] = plan
+        return plan, eps
+
+    def _checked_allreduce(self, x: Any, path: str, out: Any) -> "CallPlan":
+        import torch
+
         if isinstance(x, torch.Tensor) and not x.is_contiguous():
             raise InputError(f"x with shape {tuple(x.shape)} and strides {x.stride()} is not contiguous")
         flat = x.reshape(-1) if isinstance(x, torch.Tensor) else x
@@ -343,22 +400,21 @@ class Communicator:
         self._check_device(x=x, **outputs)
         unsupported = first_kernel_limit({"x": flat, **outputs}) if x.numel() else None
         chosen = self._choose(path, x, unsupported)
-        out = torch.empty_like(x) if out is None else out
-        if x.numel() == 0:
-            return out
-        if chosen is Path.FALLBACK:
-            return self._fallback_allreduce(x, out)
-        nbytes = x.numel() * x.element_size()
-        packs = nbytes // DEFAULT_PACK
-        op = ALLREDUCE_2STAGE.op if chosen is Path.TWO_STAGE else ALLREDUCE_1STAGE.op
-        spec = spec_for(op, DType.parse(x.dtype), self.device, PLAIN_BLOCK, self.world_size)
-        work = math.ceil(packs / self.world_size) if chosen is Path.TWO_STAGE else packs
-        cols = x.shape[-1] if x.dim() else 1
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        table = self._peer_table(x, nbytes, stream)
-        launch(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
-               (table, self.rank, out.data_ptr(), packs, x.numel() // cols, cols, self._timeout_ns), stream)
-        return out
+        key = self._key((x, out), path)
+        if chosen is Path.FALLBACK or not x.numel():
+            plan = CallPlan.fallback_plan((x, out), 1, x.numel())
+        else:
+            packs = nbytes(x) // DEFAULT_PACK
+            op = ALLREDUCE_2STAGE.op if chosen is Path.TWO_STAGE else ALLREDUCE_1STAGE.op
+            spec = spec_for(op, DType.parse(x.dtype), self.device, PLAIN_BLOCK, self.world_size)
+            work = math.ceil(packs / self.world_size) if chosen is Path.TWO_STAGE else packs
+            cols = x.shape[-1] if x.dim() else 1
+            plan = CallPlan(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
+                            {"rank": self.rank, "packs": packs, "rows": x.numel() // cols, "cols": cols,
+                             "timeout_ns": self._timeout_ns}, (x, out), 1, x.numel())
+        if unsupported is None:
+            self._plans[key] = plan
+        return plan
 
     def _fused_spec(self, dtype: DType, cols: int, chosen: Path) -> KernelSpec:
         if chosen is Path.TWO_STAGE:

@@ -119,6 +119,11 @@ VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE
                                  FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
 
 
+def raw(var: EnvVar) -> str:
+    """A variable's text as set ("" when unset): cheap enough for a per-call key."""
+    return os.environ.get(var.name, "")
+
+
 def cache_dir() -> Path:
     explicit = CACHE_DIR.get()
     if explicit is not None:

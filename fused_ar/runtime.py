@@ -1,7 +1,9 @@
 """Load and launch on one platform, through a thin facade per vendor (runtime_cuda, runtime_hip).
 
-What is shared lives here: argument packing by C layout, the choice of facade from torch's build, the
-arch of a device. Facades only load code objects, fetch functions and call the driver's launch.
+What is shared lives here: argument packing by C layout, the launch itself (one ctypes call into the
+driver's C launch function with a `void**` of parameter addresses: the hot path creates no binding objects),
+the choice of facade from torch's build, the arch of a device. Facades only load code objects, fetch
+functions and name the driver's C functions.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from .compiler import CompiledKernel
-from .errors import InputError
+from .errors import DeviceError, InputError
 from .kernels import Arg, KernelDef
 from .spec import Platform
 
@@ -40,6 +42,17 @@ def pack_args(kdef: KernelDef, values: Sequence[Any]) -> list[ctypes._SimpleCDat
     return packed
 
 
+def c_function(library: Any, name: str, argtypes: Sequence[Any]) -> Any:
+    fn = getattr(library, name)
+    fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+    return fn
+
+
+# cuLaunchKernel and hipModuleLaunchKernel share one C signature: function, grid xyz, block xyz, shared
+# memory bytes, stream, void** kernelParams, void** extra.
+LAUNCH_ARGTYPES = (ctypes.c_void_p,) + (ctypes.c_uint,) * 7 + (ctypes.c_void_p,) * 3
+
+
 class Runtime(ABC):
     platform: Platform
 
@@ -48,9 +61,31 @@ class Runtime(ABC):
         """The launchable function `name` of `kernel` on `device` (memoize in the caller)."""
 
     @abstractmethod
+    def function_pointer(self, function: Any) -> int:
+        """The C handle (CUfunction / hipFunction_t) behind what `load` returned."""
+
+    @property
+    @abstractmethod
+    def c_launch(self) -> Any:
+        """The driver's C launch function (ctypes, LAUNCH_ARGTYPES, returns the status)."""
+
+    @abstractmethod
+    def status_name(self, status: int) -> str:
+        """The driver's name for a status code (CUDA_ERROR_..., hipError...)."""
+
+    def launch_raw(self, fn: int, grid: int, block: int, params: int, stream: int, shared_mem: int = 0) -> None:
+        """One launch: `fn` a C function handle, `params` the address of a void* array of argument
+        addresses, `stream` a raw stream handle (0: the legacy default stream)."""
+        status = self.c_launch(fn, grid, 1, 1, block, 1, 1, shared_mem, stream or None, params, None)
+        if status:
+            raise DeviceError(f"kernel launch (grid {grid}, block {block}) failed: {self.status_name(status)}")
+
     def launch(self, function: Any, grid: int, block: int, args: Sequence[ctypes._SimpleCData], stream: int,
                shared_mem: int = 0) -> None:
-        """Enqueue one launch on `stream` (a raw stream handle, e.g. torch's `cuda_stream`)."""
+        """Enqueue one launch of `function` with typed `args` (pack_args) on `stream` (a raw stream handle,
+        e.g. torch's `cuda_stream`)."""
+        pointers = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        self.launch_raw(self.function_pointer(function), grid, block, ctypes.addressof(pointers), stream, shared_mem)
 
     # -- memory the communicator owns (never torch's caching allocator: its blocks cannot be exported) --
     @abstractmethod

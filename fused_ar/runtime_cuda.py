@@ -1,22 +1,25 @@
 """CUDA facade over cuda-python's driver API: cuLibraryLoadData, cuLibraryGetKernel, cuLaunchKernel.
 
 Libraries are context-independent; a function handle is fetched per device in that device's primary
-context (the one torch uses), and launches go on the caller's stream.
+context (the one torch uses), and launches go on the caller's stream. The per-call functions (launch,
+the staging copy) are the driver's C functions called through ctypes, which creates no binding objects.
 """
 
 from __future__ import annotations
 
 import ctypes
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from functools import cached_property
+from typing import Any, Iterator
 
 from .compiler import CompiledKernel, checked
 from .errors import DeviceError
-from .runtime import Runtime
+from .runtime import LAUNCH_ARGTYPES, Runtime, c_function
 from .spec import Platform
 
 
 IPC_HANDLE_BYTES = 64  # CU_IPC_HANDLE_SIZE
+DRIVER_LIBRARY = "libcuda.so.1"
 
 
 class CudaRuntime(Runtime):
@@ -62,13 +65,27 @@ class CudaRuntime(Runtime):
                 checked(drv.cuFuncLoad(fn), f"cuFuncLoad({name})", DeviceError)
             return fn
 
-    def launch(self, function: Any, grid: int, block: int, args: Sequence[ctypes._SimpleCData], stream: int,
-               shared_mem: int = 0) -> None:
-        pointers = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-        checked(self._driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared_mem,
-                                            self._driver.CUstream(stream), ctypes.addressof(pointers), 0),
-                "cuLaunchKernel", DeviceError)
+    def function_pointer(self, function: Any) -> int:
+        return int(function)
 
+    @cached_property
+    def _libcuda(self) -> Any:
+        return ctypes.CDLL(DRIVER_LIBRARY)  # already loaded by cuda-bindings: the same handle
+
+    @cached_property
+    def c_launch(self) -> Any:
+        return c_function(self._libcuda, "cuLaunchKernel", LAUNCH_ARGTYPES)
+
+    @cached_property
+    def _c_copy(self) -> Any:
+        return c_function(self._libcuda, "cuMemcpyDtoDAsync_v2",
+                           (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p))
+
+    def status_name(self, status: int) -> str:
+        try:
+            return self._driver.CUresult(status).name
+        except ValueError:
+            return f"CUresult {status}"
 
     def alloc(self, nbytes: int, device: int, uncached: bool = False) -> int:
         drv = self._driver
@@ -88,9 +105,9 @@ class CudaRuntime(Runtime):
                     DeviceError)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        drv = self._driver
-        checked(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(dst), drv.CUdeviceptr(src), nbytes, drv.CUstream(stream)),
-                "cuMemcpyDtoDAsync", DeviceError)
+        status = self._c_copy(dst, src, nbytes, stream or None)
+        if status:
+            raise DeviceError(f"cuMemcpyDtoDAsync({nbytes} bytes) failed: {self.status_name(status)}")
 
     def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:
         buf = bytearray(nbytes)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ctypes
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from functools import cached_property
+from typing import Any, Iterator
 
 from .compiler import CompiledKernel, checked
 from .errors import DeviceError
-from .runtime import Runtime
+from .compiler_hiprtc import HIP_LIBRARY
+from .runtime import LAUNCH_ARGTYPES, Runtime, c_function
 from .spec import Platform
 
 
@@ -39,12 +41,27 @@ class HipRuntime(Runtime):
             return checked(self._hip.hipModuleGetFunction(module, kernel.symbol(name).encode()),
                            f"hipModuleGetFunction({name})", DeviceError)
 
-    def launch(self, function: Any, grid: int, block: int, args: Sequence[ctypes._SimpleCData], stream: int,
-               shared_mem: int = 0) -> None:
-        checked(self._hip.hipModuleLaunchKernel(function, grid, 1, 1, block, 1, 1, shared_mem,
-                                                self._hip.hipStream_t(stream) if stream else None,
-                                                None, extra=tuple(args)),
-                "hipModuleLaunchKernel", DeviceError)
+    def function_pointer(self, function: Any) -> int:
+        return int(function)
+
+    @cached_property
+    def _libhip(self) -> Any:
+        return ctypes.CDLL(HIP_LIBRARY)  # the library hip-python opened: the same handle
+
+    @cached_property
+    def c_launch(self) -> Any:
+        return c_function(self._libhip, "hipModuleLaunchKernel", LAUNCH_ARGTYPES)
+
+    @cached_property
+    def _c_copy(self) -> Any:
+        return c_function(self._libhip, "hipMemcpyAsync", (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                            ctypes.c_int, ctypes.c_void_p))
+
+    def status_name(self, status: int) -> str:
+        try:
+            return self._hip.hipError_t(status).name
+        except ValueError:
+            return f"hipError_t {status}"
 
     # hipDeviceMallocUncached: flags written by one GPU are seen by its peers without cache flushes.
     _MALLOC_UNCACHED = 3
@@ -85,10 +102,10 @@ class HipRuntime(Runtime):
             checked(self._hip.hipMemcpyHtoD(ptr, bytearray(data), len(data)), "hipMemcpyHtoD", DeviceError)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        hip = self._hip
-        checked(hip.hipMemcpyAsync(dst, src, nbytes, hip.hipMemcpyKind.hipMemcpyDeviceToDevice,
-                                   hip.hipStream_t(stream) if stream else None),
-                "hipMemcpyAsync", DeviceError)
+        kind = int(self._hip.hipMemcpyKind.hipMemcpyDeviceToDevice)
+        status = self._c_copy(dst, src, nbytes, kind, stream or None)
+        if status:
+            raise DeviceError(f"hipMemcpyAsync({nbytes} bytes) failed: {self.status_name(status)}")
 
     def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:
         buf = bytearray(nbytes)

@@ -1,5 +1,10 @@
-"""torch.ops.fused_ar.*: the ops as torch.library custom ops with fake implementations, so a model compiled
-with torch.compile (fullgraph) keeps them as single calls and can be captured into CUDA graphs.
+"""torch.ops.fused_ar.*: the ops as torch library ops with fake implementations, so a model compiled with
+torch.compile (fullgraph) keeps them as single calls and can be captured into CUDA graphs.
+
+Defined with `torch.library.Library` (schema, a CUDA kernel, a fake kernel) rather than
+`torch.library.custom_op`, whose Python-level autograd and aliasing wrappers cost about 20 us per call
+(measured against the direct call: the Library route adds about 3 us, the dispatcher's own cost). The ops
+are functional (they allocate and return their outputs) and need no autograd.
 
 A communicator is named by its integer `handle` (torch ops take no Python objects); every Communicator
 registers itself here when created and leaves when closed. Importing this module defines the ops once
@@ -8,7 +13,7 @@ per process (`fused_ar.register_torch_ops()` does it explicitly; creating a Comm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +23,13 @@ if TYPE_CHECKING:
     from .communicator import Communicator
 
 _communicators: dict[int, "Communicator"] = {}
+
+SCHEMAS = {
+    "allreduce_rmsnorm": "allreduce_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps, int comm, "
+                         "str path=\"auto\") -> (Tensor, Tensor)",
+    "allreduce": "allreduce(Tensor x, int comm, str path=\"auto\") -> Tensor",
+    "add_rmsnorm": "add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+}
 
 
 def register_torch_ops() -> None:
@@ -40,40 +52,39 @@ def lookup(handle: int) -> "Communicator":
     return comm
 
 
-@torch.library.custom_op("fused_ar::allreduce_rmsnorm", mutates_args=(), device_types="cuda")
-def allreduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm: int,
-                      path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def _allreduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm: int,
+                       path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(out, residual_out) = Communicator(comm).allreduce_rmsnorm(x, residual, weight, eps, path=path)."""
     return lookup(comm).allreduce_rmsnorm(x, residual, weight, eps, path=path)
 
 
-@allreduce_rmsnorm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm: int,
-      path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
-
-
-@torch.library.custom_op("fused_ar::allreduce", mutates_args=(), device_types="cuda")
-def allreduce(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
+def _allreduce(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
     """Communicator(comm).allreduce(x, path=path)."""
     return lookup(comm).allreduce(x, path=path)
 
 
-@allreduce.register_fake
-def _(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
+def _add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out) = fused_ar.add_rmsnorm(x, residual, weight, eps)."""
+    from .ops import add_rmsnorm
+
+    return add_rmsnorm(x, residual, weight, eps)
+
+
+def _fake_pair(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _fake_one(x: torch.Tensor, *args: Any) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("fused_ar::add_rmsnorm", mutates_args=(), device_types="cuda")
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, residual_out) = fused_ar.add_rmsnorm(x, residual, weight, eps)."""
-    from .ops import add_rmsnorm as op
+_KERNELS = {"allreduce_rmsnorm": (_allreduce_rmsnorm, _fake_pair), "allreduce": (_allreduce, _fake_one),
+            "add_rmsnorm": (_add_rmsnorm, _fake_pair)}
 
-    return op(x, residual, weight, eps)
-
-
-@add_rmsnorm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
+_library = torch.library.Library("fused_ar", "DEF")
+for _name, _schema in SCHEMAS.items():
+    _kernel, _fake = _KERNELS[_name]
+    _library.define(_schema)
+    _library.impl(_name, _kernel, "CUDA")
+    torch.library.register_fake(f"fused_ar::{_name}", _fake, lib=_library)

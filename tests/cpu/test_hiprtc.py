@@ -127,6 +127,7 @@ def test_every_hip_runtime_call_takes_its_arguments(tmp_path):
     device here, so each must come back as a DeviceError naming a HIP status, not a TypeError or a crash."""
     code = r'''
 import contextlib, ctypes
+from hip import hip
 from fused_ar.compiler import CompiledKernel
 from fused_ar.errors import DeviceError
 from fused_ar.runtime_hip import HipRuntime
@@ -140,8 +141,8 @@ kernel = CompiledKernel(open(__import__("sys").argv[1], "rb").read(), {"k": "k"}
 args = [ctypes.c_void_p(0), ctypes.c_int32(1), ctypes.c_float(1.0), ctypes.c_int64(2)]
 calls = {
     "load": lambda: rt.load(kernel, "k", 0),
-    "launch": lambda: rt.launch(None, 1, 64, args, 0),
-    "launch_on_stream": lambda: rt.launch(None, 1, 64, args, 0x1234),
+    "launch": lambda: rt.launch(hip.hipFunction_t(), 1, 64, args, 0),
+    "launch_on_stream": lambda: rt.launch(hip.hipFunction_t(), 1, 64, args, 0x1234),
     "alloc": lambda: rt.alloc(4096, 0),
     "alloc_uncached": lambda: rt.alloc(4096, 0, uncached=True),
     "free": lambda: rt.free(0, 0),
@@ -154,7 +155,7 @@ calls = {
     "ipc_handle": lambda: rt.ipc_handle(0),
     "ipc_open": lambda: rt.ipc_open(bytes(64), 0),
     "ipc_close": lambda: rt.ipc_close(0, 0),
-    "max_active_blocks": lambda: rt.max_active_blocks(None, 256),
+    "max_active_blocks": lambda: rt.max_active_blocks(hip.hipFunction_t(), 256),
     "mem_get_info": lambda: rt.mem_get_info(0),
     "device_selection": lambda: HipRuntime().alloc(16, 0),
 }
@@ -178,6 +179,7 @@ for name, call in calls.items():
     assert len(lines) == 18, proc.stdout
     for name, result in lines.items():
         assert result.startswith("DeviceError") and "hipError" in result, (name, result)
+    assert "hipErrorInvalidHandle" in lines["launch"] or "hipErrorInvalid" in lines["launch"], lines["launch"]
 
 
 def test_verdict_file_is_json_the_library_wrote(tmp_path):

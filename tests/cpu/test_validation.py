@@ -11,6 +11,7 @@ import torch
 import fused_ar.ops as ops
 from fused_ar.errors import InputError, NoGpuError
 from fused_ar.kernels import ADD_RMSNORM
+from fused_ar.plans import LaunchPlan
 from fused_ar.runtime import pack_args
 from fused_ar.validate import device_index, require_gpu
 
@@ -18,8 +19,9 @@ from fused_ar.validate import device_index, require_gpu
 @pytest.fixture(autouse=True)
 def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-    monkeypatch.setattr(ops, "launch", refuse)
+        raise AssertionError("a kernel was planned or launched for bad input")
+    monkeypatch.setattr(ops, "AddRmsnormPlan", refuse)
+    monkeypatch.setattr(LaunchPlan, "launch", refuse)
 
 
 def _good(m=4, n=64, dtype=torch.bfloat16):

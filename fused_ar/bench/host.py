@@ -1,0 +1,166 @@
+"""`python -m fused_ar bench host`: the CPU cost of one eager call of each public op and each torch.ops
+wrapper, with and without preallocated outputs, beside torch's single launch and torch's add + rms_norm,
+measured in the same run.
+
+Method: each call timed alone with perf_counter (the loop around it, the stream switches between ranks of a
+local group and the synchronizations are outside the timing); 300 calls per run after 50 warm-up calls,
+the GPU never waited on inside a run; the median over 7 runs of the mean per call. Communicator ops run on
+a local group (N ranks in this process on GPU 0, each on its own stream), every rank calling each time;
+the figure is per rank call. `--profile` adds cProfile's top functions for the direct fused calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+WARMUP = 50
+CALLS = 300
+RUNS = 7
+
+
+def _time_rank_calls(torch: Any, calls: list[Callable[[], Any]], streams: list[Any]) -> float:
+    """Median over RUNS of the mean host microseconds of one call (one call per rank per step)."""
+    def run(n: int) -> float:
+        spent = 0.0
+        for _ in range(n):
+            for call, stream in zip(calls, streams):
+                with torch.cuda.stream(stream):
+                    start = time.perf_counter()
+                    call()
+                    spent += time.perf_counter() - start
+        return spent / (n * len(calls)) * 1e6
+
+    run(WARMUP)
+    torch.cuda.synchronize()
+    means = []
+    for _ in range(RUNS):
+        means.append(run(CALLS))
+        torch.cuda.synchronize()
+    return statistics.median(means)
+
+
+def _profile(torch: Any, call: Callable[[], Any], streams: list[Any], calls: list[Callable[[], Any]],
+             top: int = 12) -> str:
+    prof = cProfile.Profile()
+    for _ in range(WARMUP):
+        for c, s in zip(calls, streams):
+            with torch.cuda.stream(s):
+                c()
+    torch.cuda.synchronize()
+    for _ in range(CALLS):
+        for c, s in zip(calls, streams):
+            with torch.cuda.stream(s):
+                if c is call:
+                    prof.enable()
+                    c()
+                    prof.disable()
+                else:
+                    c()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def bench_host(args: argparse.Namespace) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    import fused_ar.torch_ops  # noqa: F401  (defines torch.ops.fused_ar.*)
+
+    from ..communicator import Communicator
+    from ..ops import add_rmsnorm
+    from ..reference import prime_allocator
+    from ..validate import require_gpu
+
+    require_gpu("python -m fused_ar bench host")
+    m, n, tp, eps = args.m[0], args.hidden[0], args.tp[0], 1e-6
+    dtype = getattr(torch, args.dtype[0].torch_name)
+    prime_allocator()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    xs = [torch.randn(m, n, device="cuda", dtype=dtype, generator=g) for _ in range(tp)]
+    residual = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    weight = torch.rand(n, device="cuda", dtype=dtype, generator=g) + 0.5
+    outs = [(torch.empty_like(residual), torch.empty_like(residual), torch.empty_like(residual)) for _ in range(tp)]
+    scratch = torch.empty_like(residual)
+    comms = Communicator.local_group(tp, 0, max_bytes=max(1 << 20, xs[0].numel() * xs[0].element_size()))
+    streams = [torch.cuda.Stream() for _ in comms]
+    one = [torch.cuda.current_stream()]
+    rows: list[tuple[str, float]] = []
+    profiles: dict[str, str] = {}
+    try:
+        local = {
+            "torch `x.add_(0)` (one launch)": lambda: scratch.add_(0),
+            "torch `add` + `F.rms_norm` (two launches)": lambda: F.rms_norm(xs[0] + residual, (n,), weight, eps),
+            "`fused_ar.add_rmsnorm` (allocates outputs)": lambda: add_rmsnorm(xs[0], residual, weight, eps),
+            "`fused_ar.add_rmsnorm(..., out=, residual_out=)`":
+                lambda: add_rmsnorm(xs[0], residual, weight, eps, out=outs[0][0], residual_out=outs[0][1]),
+            "`torch.ops.fused_ar.add_rmsnorm`": lambda: torch.ops.fused_ar.add_rmsnorm(xs[0], residual, weight, eps),
+        }
+        for name, call in local.items():
+            rows.append((name, _time_rank_calls(torch, [call], one)))
+        per_rank: dict[str, Callable[[int, Any], Callable[[], Any]]] = {
+            "`comm.allreduce_rmsnorm`, out= given, path 1stage": lambda r, c: lambda: c.allreduce_rmsnorm(
+                xs[r], residual, weight, eps, path="1stage", out=outs[r][0], residual_out=outs[r][1]),
+            "`comm.allreduce_rmsnorm`, out= given, path auto": lambda r, c: lambda: c.allreduce_rmsnorm(
+                xs[r], residual, weight, eps, out=outs[r][0], residual_out=outs[r][1]),
+            "`comm.allreduce_rmsnorm` (allocates outputs)": lambda r, c: lambda: c.allreduce_rmsnorm(
+                xs[r], residual, weight, eps),
+            "`comm.allreduce`, out= given": lambda r, c: lambda: c.allreduce(xs[r], out=outs[r][2]),
+            "`comm.allreduce` (allocates)": lambda r, c: lambda: c.allreduce(xs[r]),
+            "`torch.ops.fused_ar.allreduce_rmsnorm`": lambda r, c: lambda: torch.ops.fused_ar.allreduce_rmsnorm(
+                xs[r], residual, weight, eps, c.handle, "auto"),
+            "`torch.ops.fused_ar.allreduce`": lambda r, c: lambda: torch.ops.fused_ar.allreduce(xs[r], c.handle, "auto"),
+        }
+        for name, make in per_rank.items():
+            calls = [make(r, c) for r, c in enumerate(comms)]
+            rows.append((name, _time_rank_calls(torch, calls, streams)))
+            for c in comms:
+                c.check()
+        if args.profile:
+            call = local["`fused_ar.add_rmsnorm(..., out=, residual_out=)`"]
+            profiles["add_rmsnorm, out= given"] = _profile(torch, call, one, [call])
+            calls = [per_rank["`comm.allreduce_rmsnorm`, out= given, path auto"](r, c) for r, c in enumerate(comms)]
+            profiles["comm.allreduce_rmsnorm, out= given (rank 0)"] = _profile(torch, calls[0], streams, calls)
+    finally:
+        torch.cuda.synchronize()
+        for c in comms:
+            c.close()
+    return _report(torch, args, m, n, tp, dtype, rows, profiles)
+
+
+def _report(torch: Any, args: argparse.Namespace, m: int, n: int, tp: int, dtype: Any,
+            rows: list[tuple[str, float]], profiles: dict[str, str]) -> int:
+    import platform
+
+    gpu = torch.cuda.get_device_name(0)
+    cpu = platform.processor() or platform.machine()
+    lines = [f"# Host cost per eager call on {gpu}", "",
+             f"CPU microseconds to enqueue one call, {str(dtype).removeprefix('torch.')} m={m} n={n}, communicator "
+             f"ops per rank of a local group of {tp} (N ranks in one process on GPU 0, a stream each); each call "
+             f"timed alone, {CALLS} calls per run after {WARMUP} warm-up calls, median of {RUNS} runs. torch "
+             f"{torch.__version__}, Python {platform.python_version()}, {cpu}.", "",
+             "| call | us per call |", "| --- | ---: |"]
+    lines += [f"| {name} | {us:.1f} |" for name, us in rows]
+    for title, text in profiles.items():
+        lines += ["", f"## cProfile: {title} ({CALLS} calls, by own time)", "", "```", text.strip(), "```"]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "host.md").write_text(table)
+        (out / "host.csv").write_text("call,us_per_call\n" + "".join(f"\"{k}\",{v:.3f}\n" for k, v in rows))
+        (out / "host.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "m": m, "n": n, "tp": tp,
+                                                   "dtype": str(dtype), "calls": CALLS, "runs": RUNS,
+                                                   "rows": [{"call": k, "us": v} for k, v in rows]}, indent=1))
+    return 0
+
