@@ -2,7 +2,7 @@
 # The GPU work of a maintainer, from the repository root of a GPU machine with torch, cuda-bindings and NVRTC
 # (no setup, no network: the device tool's H200 image), logs and results under $OUT (default /tmp/fused_ar_out).
 #
-#   bash scripts/gpu.sh suite   the warm matrix, then every GPU test (tests/gpu), one log per file
+#   bash scripts/gpu.sh suite   the warm matrix, then every GPU test (tests/gpu, or the files in TESTS), a log each
 #   bash scripts/gpu.sh user    what a new user runs: the demo and every example with its defaults
 #   bash scripts/gpu.sh host    CPU cost of eager calls: python -m fused_ar bench host
 #   bash scripts/gpu.sh bench   the all-reduce suite (BENCH_ARGS, default --tp 2,4,8), packed in bench.tar.gz
@@ -20,7 +20,7 @@ GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 suite() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
   python3 -m fused_ar warm 2>&1 | tail -1 | tee "$OUT/warm.txt"
-  for file in tests/gpu/test_*.py; do
+  for file in ${TESTS:-tests/gpu/test_*.py}; do
     name=$(basename "$file" .py)
     echo "## FUSED_AR_TIMEOUT_S=5 python3 -m pytest -q $file" > "$OUT/$name.txt"
     FUSED_AR_TIMEOUT_S=5 timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -rfE "$file" 2>&1 \
