@@ -43,13 +43,18 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY_FILE = re.compile(r"([0-9a-f]{64})\.(bin|json)")
 _TEMP_FILE = re.compile(r"\.([0-9a-f]{64})\.(bin|json)\.[0-9a-f]+\.tmp")
-# What else the library keeps in a cache directory (fused_ar.probe, fused_ar.thresholds).
+# What else the library keeps in a cache directory (fused_ar.probe, fused_ar.thresholds), and the manifest
+# of a read-only layer (`warm --into`).
 STATE_DIRS = ("probes", "thresholds")
+LAYER_MANIFEST = "layer.json"
+MANIFEST_MAX_BYTES = 64 << 10
 
 
 def cache_key(source_text: str, options: Sequence[str], arch: str, compiler_identity: str,
-              version: str = __version__, schema: int = SCHEMA_VERSION) -> str:
-    """SHA-256 over every input that shapes the code object's bytes; fields are length-prefixed."""
+              version: Optional[str] = None, schema: int = SCHEMA_VERSION) -> str:
+    """SHA-256 over every input that shapes the code object's bytes (`version`: this package's by default);
+    fields are length-prefixed."""
+    version = __version__ if version is None else version
     h = hashlib.sha256()
     for part in (f"schema={schema}", f"version={version}", f"arch={arch}", f"compiler={compiler_identity}",
                  "options=" + "\x1f".join(options), source_text):
@@ -113,6 +118,7 @@ class Lookup:
     status: Status
     seconds: float
     saved: bool = True  # False: built, but kept in memory only (the cache directory could not take it)
+    source: str = "cache"  # where a cached entry came from: "cache" (the writable directory), a layer's path
 
 
 @dataclass(frozen=True)
@@ -134,15 +140,20 @@ def check_root(root: Path) -> None:
 
 
 def _foreign(names: Sequence[str]) -> list[str]:
-    return [n for n in names if not (_SHARD.fullmatch(n) or n in STATE_DIRS)]
+    return [n for n in names if not (_SHARD.fullmatch(n) or n in STATE_DIRS or n == LAYER_MANIFEST)]
 
 
 class CacheDir:
-    """One directory of entries, trusted when owned by one of `owners` and writable by nobody else."""
+    """One directory of entries, trusted when owned by one of `owners` and writable by nobody else. A
+    directory others read (a layer built by `warm --into`) is made with `shared`: 0755 directories and
+    0644 files instead of 0700 and 0600."""
 
-    def __init__(self, root: Path, owners: Optional[frozenset[int]] = None) -> None:
+    def __init__(self, root: Path, owners: Optional[frozenset[int]] = None, shared: bool = False,
+                 writable: bool = True) -> None:
         self.root = Path(root)
         self.owners = trust.me() if owners is None else owners
+        self.dir_mode, self.file_mode = (0o755, 0o644) if shared else (0o700, 0o600)
+        self.writable = writable  # False: a read-only layer, never created, written, locked or cleared
         self._state: Optional[Literal["disk", "readonly", "memory"]] = None
 
     def _fallback(self, state: Literal["readonly", "memory"], why: str) -> None:
@@ -157,26 +168,26 @@ class CacheDir:
         if self._state is not None:
             return self._state
         check_root(self.root)
+        create = create and self.writable
         try:
             if create:
                 self.root.parent.mkdir(parents=True, exist_ok=True)
-            with trust.opened_dir(self.root, create=create, owners=self.owners) as fd:
+            with trust.opened_dir(self.root, create=create, mode=self.dir_mode, owners=self.owners) as fd:
                 foreign = _foreign(trust.names_in(fd))
         except CacheTrustError:
             raise
-        except FileNotFoundError as exc:
-            if not create:
-                return "absent"
-            self._fallback("memory", str(exc))
-            return self._state
         except OSError as exc:
+            if not create:  # only looking: nothing to read here, and nothing to warn about yet
+                return "absent"
             self._fallback("memory", exc.strerror or str(exc))
             return self._state
         if foreign:
             raise CacheTrustError(f"refusing cache directory {self.root}: it holds files that are not fused_ar's "
                                   f"({', '.join(repr(n) for n in foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
                                   f"give fused_ar a directory of its own")
-        if os.access(self.root, os.W_OK):
+        if not self.writable:
+            self._state = "readonly"
+        elif os.access(self.root, os.W_OK):
             self._state = "disk"
         else:
             self._fallback("readonly", "permission denied")
@@ -207,10 +218,10 @@ class CacheDir:
         return CompiledKernel(code, dict(meta["lowered_names"]), meta["log"], meta["compiler"], tuple(meta["options"]),
                               meta["arch"])
 
-    def write(self, key: str, kernel: CompiledKernel, spec: KernelSpec, file_mode: int = 0o600,
-              dir_mode: int = 0o700) -> bool:
+    def write(self, key: str, kernel: CompiledKernel, spec: KernelSpec) -> bool:
         """Stores the entry (code object first, sidecar last); False when the directory cannot take it."""
-        if self.state() != "disk":
+        file_mode, dir_mode = self.file_mode, self.dir_mode
+        if not self.writable or self.state() != "disk":
             return False
         for attempt in range(_WRITE_ATTEMPTS):
             try:
@@ -288,14 +299,22 @@ class CacheDir:
         return sorted(removed)
 
 
-class KernelCache:
-    """The writable cache directory and its build locks. Create through `default_cache()` unless a test or
-    tool needs its own root."""
+def layer_owners() -> frozenset[int]:
+    """Who may own a read-only layer and its files: root (an image built as root) or the current user."""
+    return frozenset((0, os.getuid()))
 
-    def __init__(self, root: Path, lock_root: Path, lock_timeout_s: float) -> None:
-        self.dir = CacheDir(root)
+
+class KernelCache:
+    """The writable cache directory, read-only layers below it and the build locks. Lookups read memory,
+    then the writable directory, then each layer in order; builds write the writable directory only.
+    Create through `default_cache()` unless a test or tool needs its own root."""
+
+    def __init__(self, root: Path, lock_root: Path, lock_timeout_s: float, layers: Sequence[Path] = (),
+                 shared: bool = False) -> None:
+        self.dir = CacheDir(root, shared=shared)
+        self.layers = [CacheDir(p, owners=layer_owners(), writable=False) for p in layers]
         self.locks = LockDir(lock_root, lock_timeout_s)
-        self._memory: dict[str, CompiledKernel] = {}
+        self._memory: dict[str, tuple[CompiledKernel, str]] = {}
 
     @property
     def root(self) -> Path:
@@ -315,33 +334,49 @@ class KernelCache:
     def paths(self, key: str) -> tuple[Path, Path]:
         return self.dir.paths(key)
 
-    def read(self, key: str, spec: Optional[KernelSpec] = None) -> Optional[CompiledKernel]:
-        kernel = self._memory.get(key)
-        if kernel is None:
-            kernel = self.dir.read(key, spec)
+    def find(self, key: str, spec: Optional[KernelSpec] = None) -> tuple[Optional[CompiledKernel], str]:
+        """(the entry for `key`, where it came from: "cache", a layer's path, or "" when nowhere)."""
+        hit = self._memory.get(key)
+        if hit is not None:
+            return hit
+        kernel, source = self.dir.read(key, spec), "cache"
+        for layer in list(self.layers) if kernel is None else ():
+            try:
+                kernel = layer.read(key, spec)
+            except CacheTrustError as exc:  # refused once, with the reason; the other layers still serve
+                trust.warn_once(layer.root, f"{exc}; this cache layer is not used")
+                self.layers.remove(layer)
+                continue
             if kernel is not None:
-                self._memory[key] = kernel
-        return kernel
+                source = str(layer.root)
+                break
+        if kernel is None:
+            return None, ""
+        self._memory[key] = (kernel, source)
+        return kernel, source
+
+    def read(self, key: str, spec: Optional[KernelSpec] = None) -> Optional[CompiledKernel]:
+        return self.find(key, spec)[0]
 
     def write(self, key: str, kernel: CompiledKernel, spec: KernelSpec) -> bool:
-        self._memory[key] = kernel
+        self._memory[key] = (kernel, "cache")
         return self.dir.write(key, kernel, spec)
 
     # -- the double-checked build ------------------------------------------------------------------
     def compile_cached(self, source: Source, compiler: Compiler, arch: str) -> Lookup:
         start = time.perf_counter()
         key = cache_key(source.text, compiler.options(arch), arch, compiler.identity())
-        kernel = self.read(key, source.spec)
+        kernel, where = self.find(key, source.spec)
         if kernel is not None:
-            return Lookup(kernel, key, "cached", time.perf_counter() - start)
+            return Lookup(kernel, key, "cached", time.perf_counter() - start, source=where)
         if self.state() == "memory":
             kernel = compiler.compile(source, arch)
-            self._memory[key] = kernel
-            return Lookup(kernel, key, "built", time.perf_counter() - start, saved=False)
+            self._memory[key] = (kernel, "memory")
+            return Lookup(kernel, key, "built", time.perf_counter() - start, saved=False, source="memory")
         with self.locks.held(key, f"building {source.spec}"):
-            kernel = self.read(key, source.spec)
+            kernel, where = self.find(key, source.spec)
             if kernel is not None:
-                return Lookup(kernel, key, "cached", time.perf_counter() - start)
+                return Lookup(kernel, key, "cached", time.perf_counter() - start, source=where)
             kernel = compiler.compile(source, arch)
             saved = self.write(key, kernel, source.spec)
             return Lookup(kernel, key, "built", time.perf_counter() - start, saved)
@@ -377,13 +412,67 @@ class KernelCache:
 
 
 @lru_cache(maxsize=None)
-def _cache_at(root: Path, lock_root: Path, lock_timeout_s: float) -> KernelCache:
-    return KernelCache(root, lock_root, lock_timeout_s)
+def _cache_at(root: Path, lock_root: Path, lock_timeout_s: float, layers: tuple[Path, ...]) -> KernelCache:
+    return KernelCache(root, lock_root, lock_timeout_s, layers)
 
 
 def default_cache() -> KernelCache:
-    """The cache the environment selects (FUSED_AR_CACHE_DIR etc.), one object per directory per process."""
-    return _cache_at(env.cache_dir(), env.lock_dir(), env.LOCK_TIMEOUT_S.get())
+    """The cache the environment selects (FUSED_AR_CACHE_DIR, FUSED_AR_CACHE_PATH etc.), one object per
+    configuration per process."""
+    return _cache_at(env.cache_dir(), env.lock_dir(), env.LOCK_TIMEOUT_S.get(), tuple(env.CACHE_PATH.get()))
+
+
+# -- read-only layers: what `warm --into` records, what `info` compares -----------------------------------
+MANIFEST_FORMAT = 1
+
+
+def write_manifest(root: Path, compilers: dict[str, str], kernels: int) -> None:
+    """Records in a layer what its entries were built with (the key already holds it; this says it)."""
+    manifest = {"format": MANIFEST_FORMAT, "version": __version__, "schema": SCHEMA_VERSION,
+                "compilers": compilers, "kernels": kernels, "created": time.time()}
+    with trust.opened_dir(root) as fd:
+        trust.write_at(fd, LAYER_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode(), 0o644)
+
+
+def read_manifest(root: Path, owners: Optional[frozenset[int]] = None) -> Optional[dict]:
+    """A layer's manifest, or None (none, untrusted or malformed: then the layer is judged by its entries)."""
+    owners = layer_owners() if owners is None else owners
+    try:
+        with trust.opened_dir(root, owners=owners) as fd:
+            raw = trust.read_at(fd, LAYER_MANIFEST, MANIFEST_MAX_BYTES, Path(root) / LAYER_MANIFEST, owners)
+    except (OSError, CacheTrustError):
+        return None
+    try:
+        manifest = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    ok = isinstance(manifest, dict) and isinstance(manifest.get("version"), str) and \
+        isinstance(manifest.get("compilers"), dict)
+    return manifest if ok else None
+
+
+def why_layer_misses(manifest: Optional[dict], arch: str, identity: str) -> str:
+    """Why a layer holds no entry for keys made here, from its manifest."""
+    if manifest is None:
+        return "the layer has no readable manifest"
+    if manifest["version"] != __version__:
+        return f"built by fused_ar {manifest['version']}, this is {__version__}"
+    built = manifest["compilers"].get(arch)
+    if built is None:
+        return f"built for {', '.join(sorted(manifest['compilers'])) or 'no arch'}, not {arch}"
+    if built != identity:
+        return f"built with compiler {built}, here it is {identity}"
+    return "the layer lacks these kernels"
+
+
+def coverage(cache: KernelCache, specs: Sequence[KernelSpec]) -> list[tuple[KernelSpec, str]]:
+    """Where each spec's kernel would come from now ("cache", a layer's path, or "" for a build)."""
+    found = []
+    for spec in specs:
+        compiler = compiler_for(spec.arch)
+        key = cache_key(render(spec).text, compiler.options(spec.arch), spec.arch, compiler.identity())
+        found.append((spec, cache.find(key, spec)[1]))
+    return found
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import re
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ._version import __version__
@@ -115,6 +116,12 @@ def _list(parse: Callable[[str], Any]) -> Callable[[str], list]:
                 raise _Bad(item, _rule(exc)) from None
         return list(dict.fromkeys(values))
     return parse_all
+
+
+def _directory(text: str) -> Path:
+    if not text or "\x00" in text:
+        raise ValueError("a directory path")
+    return Path(text).expanduser().absolute()
 
 
 def _dtype(text: str) -> DType:
@@ -229,11 +236,11 @@ def _same_error(error: str, spec: KernelSpec) -> str:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from .cache import cache_key, default_cache
+    from .cache import cache_key, write_manifest
     from .compiler import compiler_for
     from .kernels import warm_matrix
     from .render import render
-    from .warm import Result, warm
+    from .warm import Result, target_cache, warm
 
     archs, refused = _usable_archs(_archs(args))
     if not archs:
@@ -241,7 +248,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     for line in refused:
         print(f"warm: skipping {line}", file=sys.stderr)
     specs = warm_matrix(archs, args.dtype, args.ngpus)
-    cache = default_cache()
+    into = str(args.into) if args.into else None
+    cache = target_cache(into)
     if args.dry_run:
         for spec in specs:
             compiler = compiler_for(spec.arch)
@@ -277,7 +285,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        warm(specs, jobs, report)
+        warm(specs, jobs, report, into=into)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
@@ -289,7 +297,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
     saved = counts["built"] - counts["unsaved"]
     print(f"warm: {len(specs)} kernels for {','.join(archs) or 'no arch'}: {counts['built']} compiled "
           f"({saved} saved), {counts['cached']} already cached, {counts['failed']} failed in "
-          f"{time.perf_counter() - start:.1f} s (-j {jobs}); cache {cache.root}")
+          f"{time.perf_counter() - start:.1f} s (-j {jobs}); {'layer' if into else 'cache'} {cache.root}")
+    if into and cache.state() == "disk":
+        write_manifest(cache.root, {arch: compiler_for(arch).identity() for arch in archs},
+                       sum(1 for e in cache.entries() if e.meta is not None))
+        print(f"warm: layer {cache.root} ready: FUSED_AR_CACHE_PATH={cache.root} lets any user read it")
     return 1 if counts["failed"] or counts["unsaved"] or refused else 0
 
 
@@ -312,6 +324,8 @@ def _progress(total: int) -> Any:
 def cmd_cache(args: argparse.Namespace) -> int:
     from .cache import default_cache
 
+    if args.dir is not None:
+        return _cache_layer(args)
     cache = default_cache()
     state = cache.state(create=False)
     if args.action == "clear":
@@ -334,6 +348,57 @@ def cmd_cache(args: argparse.Namespace) -> int:
     for arch, n in sorted(by_arch.items()):
         print(f"  {arch}: {n}")
     return 0
+
+
+def _cache_layer(args: argparse.Namespace) -> int:
+    """`cache verify DIR` / `cache info DIR`: a read-only layer, read as its users read it."""
+    from .cache import CacheDir, layer_owners, read_manifest
+
+    if args.action == "clear":
+        fail(f"dir {str(args.dir)!r}: `cache clear` clears only the writable cache (FUSED_AR_CACHE_DIR); "
+             "a layer is rebuilt with `warm --into`")
+    layer = CacheDir(args.dir, owners=layer_owners(), writable=False)
+    if layer.state(create=False) == "absent":
+        fail(f"dir {str(args.dir)!r}: no such directory")
+    manifest = read_manifest(layer.root)
+    built = (f"built by fused_ar {manifest['version']} with {', '.join(f'{a}: {c}' for a, c in manifest['compilers'].items())}"
+             if manifest else "no manifest (not made by `warm --into`?)")
+    entries = list(layer.entries())
+    bad = [e for e in entries if e.meta is None or e.problem]
+    print(f"layer {layer.root}: {len(entries) - len(bad)} good entries, {len(bad)} bad; {built}")
+    for entry in bad:
+        print(f"bad entry {entry.key}: {entry.problem}")
+    return 1 if bad or (args.action == "verify" and manifest is None) else 0
+
+
+def _layers_report() -> None:
+    """Which layer serves the warm matrix of each arch, and why a layer would miss, before any request."""
+    from .cache import coverage, default_cache, read_manifest, why_layer_misses
+    from .compiler import compiler_for
+    from .kernels import warm_matrix
+
+    cache = default_cache()
+    if not cache.layers:
+        print("cache layers:    none (FUSED_AR_CACHE_PATH unset)")
+        return
+    gpu_arch = _default_arch()
+    for layer in list(cache.layers):
+        manifest = read_manifest(layer.root)
+        archs = [gpu_arch] if gpu_arch else sorted(manifest["compilers"]) if manifest else []
+        print(f"cache layer:     {layer.root}" + (f" (fused_ar {manifest['version']})" if manifest else ""))
+        for arch in archs:
+            try:
+                identity = compiler_for(arch).identity()
+                found = coverage(cache, warm_matrix([arch], list(DType), SUPPORTED_NGPUS))
+            except FusedArError as exc:
+                print(f"  {arch}: cannot check here ({str(exc).splitlines()[0]})")
+                continue
+            served = sum(1 for _, where in found if where == str(layer.root))
+            missing = sum(1 for _, where in found if not where)
+            line = f"  {arch}: serves {served} of {len(found)} kernels"
+            if missing:
+                line += f"; {missing} would be compiled at first use: {why_layer_misses(manifest, arch, identity)}"
+            print(line)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -365,7 +430,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         invalid += bool(problem)
         shown = f"{name}={raw}" if raw else f"{name} unset"
         print(f"  {shown}: {'INVALID: ' + problem if problem else 'ok'}")
-    status = cmd_cache(argparse.Namespace(action="info"))
+    status = cmd_cache(argparse.Namespace(action="info", dir=None))
+    if not invalid:
+        _layers_report()
     return 1 if invalid else status
 
 
@@ -436,12 +503,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=_type("jobs", _at_least_one), default=None,
                    help="worker processes (default: all cores)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether each is cached")
+    p.add_argument("--into", type=_type("into", _directory), default=None,
+                   help="build a read-only cache layer in this directory (readable by every user; serve it with "
+                        "FUSED_AR_CACHE_PATH) instead of filling the writable cache")
     p.set_defaults(func=cmd_warm)
 
     p = sub.add_parser("cache", help="inspect or maintain the kernel cache", formatter_class=fmt,
                        description="info: where the cache is and what it holds; verify: check every entry "
-                                   "(exit 1 if any is bad); clear: remove every entry and build lock.")
+                                   "(exit 1 if any is bad); clear: remove every entry and build lock. With DIR: "
+                                   "the read-only layer there, as its users read it.")
     p.add_argument("action", choices=["info", "clear", "verify"], help="what to do")
+    p.add_argument("dir", nargs="?", type=_type("dir", _directory), default=None,
+                   help="a cache layer made by `warm --into` (info and verify only)")
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("info", help="platform, devices, compilers, environment and cache", formatter_class=fmt)

@@ -81,6 +81,15 @@ LOCK_TIMEOUT_S: EnvVar[float] = EnvVar(
     "FUSED_AR_LOCK_TIMEOUT_S", _seconds, 600.0, "600",
     "Seconds to wait for another process building the same kernel before raising.",
 )
+def _paths(raw: str) -> tuple[Path, ...]:
+    return tuple(_path(part) for part in raw.split(os.pathsep) if part)
+
+
+CACHE_PATH: EnvVar[tuple] = EnvVar(
+    "FUSED_AR_CACHE_PATH", _paths, (), "unset (no layers)",
+    "Read-only cache layers (`warm --into DIR`), colon-separated, read in order after the writable cache; "
+    "each owned by root or the current user and writable by neither group nor others.",
+)
 CLANG: EnvVar[str] = EnvVar(
     "FUSED_AR_CLANG", str, "clang-19", "`clang-19`",
     "clang used by the offline AMD check compiler (`-x hip -nogpulib -nogpuinc`).",
@@ -115,7 +124,7 @@ XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
     "XDG_RUNTIME_DIR", _path, None, "unset", "Standard per-user node-local runtime directory; hosts the lock directory.",
 )
 
-VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
+VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, CACHE_PATH, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
                                  FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
 
 

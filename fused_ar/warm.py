@@ -17,7 +17,8 @@ import warnings
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 from .spec import KernelSpec
 
@@ -45,13 +46,23 @@ def _worker_init(parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="fused_ar-watch-parent").start()
 
 
-def warm_one(spec_dict: dict) -> tuple[dict, str, float, bool, str]:
-    """Worker: one spec through the default cache -> (spec, status, seconds, saved, error)."""
-    from .cache import default_cache
+def target_cache(into: Optional[str]) -> Any:
+    """The default cache, or the layer `into` (written shared: 0755 directories, 0644 files; nothing else
+    read, so the layer gets every kernel)."""
+    from . import env
+    from .cache import KernelCache, default_cache
 
+    if into is None:
+        return default_cache()
+    return KernelCache(Path(into), env.lock_dir(), env.LOCK_TIMEOUT_S.get(), shared=True)
+
+
+def warm_one(spec_dict: dict, into: Optional[str] = None) -> tuple[dict, str, float, bool, str]:
+    """Worker: one spec through the default cache (or the layer `into`) -> (spec, status, seconds, saved,
+    error)."""
     start = time.perf_counter()
     try:
-        lookup = default_cache().get(KernelSpec.from_dict(spec_dict))
+        lookup = target_cache(into).get(KernelSpec.from_dict(spec_dict))
         return spec_dict, lookup.status, lookup.seconds, lookup.saved, ""
     except Exception as exc:  # reported per kernel; the caller counts it as failed
         return spec_dict, "failed", time.perf_counter() - start, False, f"{type(exc).__name__}: {exc}"
@@ -65,7 +76,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 def warm(specs: Sequence[KernelSpec], jobs: int, on_result: Callable[[Result], None],
-         work: Callable[[dict], tuple] = warm_one) -> None:
+         work: Callable[..., tuple] = warm_one, into: Optional[str] = None) -> None:
     """Compiles `specs` with `jobs` workers, calling `on_result` once per spec as each finishes. On
     KeyboardInterrupt the workers are killed before it propagates. `work` is what a worker runs per spec
     (a module-level function, as `warm_one`)."""
@@ -73,7 +84,7 @@ def warm(specs: Sequence[KernelSpec], jobs: int, on_result: Callable[[Result], N
     while pending:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
                                    initargs=(os.getpid(),))
-        futures: dict[Future, KernelSpec] = {pool.submit(work, s.to_dict()): s for s in pending}
+        futures: dict[Future, KernelSpec] = {pool.submit(work, s.to_dict(), into): s for s in pending}
         finished: set[KernelSpec] = set()
         broken = False
         try:
