@@ -24,7 +24,8 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from .launch import arch_of, function, preload, spec_for
-from .plans import CallPlan, is_capturing, meta, nbytes, plain_eps, raw_stream
+from .plans import (CallPlan, allreduce_key, allreduce_pointers_ok, is_capturing, nbytes, plain_eps, raw_stream,
+                    rmsnorm_key, rmsnorm_pointers_ok)
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from .ops import add_rmsnorm_into
 from .report import pending_exception, read_error_word
@@ -38,6 +39,8 @@ from .validate import (check_devices, check_outputs, check_rmsnorm_inputs, check
 _ids = itertools.count(1)
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+# The environment's path overrides: part of every call's plan key, so changing one takes effect at once.
+_OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_MIN_BYTES)
 PLAIN_BLOCK = 256
 
 
@@ -313,9 +316,13 @@ class Communicator:
         import torch
 
         self.check()
-        tensors = (x, residual, weight, out, residual_out)
-        plan = self._plans.get(self._key(tensors, path)) if plain_eps(eps) else None
-        if plan is None or not plan.call_ok(tensors):
+        try:
+            plan = self._plans.get((rmsnorm_key(x, residual, weight, out, residual_out), path,
+                                    env.raw_values(_OVERRIDES)))
+        except AttributeError:  # not a tensor: the full checks say so
+            plan = None
+        if plan is None or not plain_eps(eps) or not rmsnorm_pointers_ok(
+                plan.x_bytes, plan.weight_bytes, x, residual, weight, out, residual_out):
             plan, eps = self._checked_fused(x, residual, weight, eps, path, out, residual_out)
         out = torch.empty_like(x) if out is None else out
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
@@ -338,9 +345,11 @@ class Communicator:
         import torch
 
         self.check()
-        tensors = (x, out)
-        plan = self._plans.get(self._key(tensors, path))
-        if plan is None or not plan.call_ok(tensors):
+        try:
+            plan = self._plans.get((allreduce_key(x, out), path, env.raw_values(_OVERRIDES)))
+        except AttributeError:
+            plan = None
+        if plan is None or not allreduce_pointers_ok(plan.x_bytes, x, out):
             plan = self._checked_allreduce(x, path, out)
         out = torch.empty_like(x) if out is None else out
         if not plan.rows:
@@ -354,14 +363,6 @@ class Communicator:
         plan.launch(stream, buf)
         return out
 
-    def _key(self, tensors: tuple, path: str) -> Optional[tuple]:
-        """What a plan depends on: the tensors' metadata, the path asked for, the environment's overrides."""
-        try:
-            return (tuple(t is None or meta(t) for t in tensors), path, env.raw(env.ONE_STAGE),
-                    env.raw(env.ONE_STAGE_MAX_BYTES), env.raw(env.FALLBACK_MIN_BYTES))
-        except AttributeError:  # not a tensor: the full checks say so
-            return None
-
     def _checked_fused(self, x: Any, residual: Any, weight: Any, eps: Any, path: str, out: Any,
                        residual_out: Any) -> tuple["CallPlan", float]:
         """Every rule of the call (raising InputError naming the value), the path, and the plan of its key."""
@@ -372,17 +373,16 @@ class Communicator:
         self._check_device(**inputs, **outputs)
         unsupported = first_kernel_limit({**inputs, **outputs})
         chosen = self._choose(path, x, unsupported, self.size_rule(shape.dtype, shape.cols))
-        tensors = (x, residual, weight, out, residual_out)
-        key = self._key(tensors, path)
+        key = (rmsnorm_key(x, residual, weight, out, residual_out), path, env.raw_values(_OVERRIDES))
         plan = self._plans.get(key)
         if plan is None or plan.fallback != (chosen is Path.FALLBACK):
             if chosen is Path.FALLBACK:
-                plan = CallPlan.fallback_plan(tensors, 3, shape.rows, torch_epilogue=unsupported is not None)
+                plan = CallPlan.fallback_plan(x, weight, shape.rows, torch_epilogue=unsupported is not None)
             else:
                 spec = self._fused_spec(shape.dtype, shape.cols, chosen)
                 plan = CallPlan(spec, self.device, min(shape.rows, self._grid_cap(spec)),
                                 {"rank": self.rank, "rows": shape.rows, "cols": shape.cols,
-                                 "timeout_ns": self._timeout_ns}, tensors, 3, shape.rows)
+                                 "timeout_ns": self._timeout_ns}, x, weight, shape.rows)
             if unsupported is None:  # an unaligned call must come back here each time
                 self._plans[key] = plan
         return plan, eps
@@ -400,9 +400,9 @@ class Communicator:
         self._check_device(x=x, **outputs)
         unsupported = first_kernel_limit({"x": flat, **outputs}) if x.numel() else None
         chosen = self._choose(path, x, unsupported)
-        key = self._key((x, out), path)
+        key = (allreduce_key(x, out), path, env.raw_values(_OVERRIDES))
         if chosen is Path.FALLBACK or not x.numel():
-            plan = CallPlan.fallback_plan((x, out), 1, x.numel())
+            plan = CallPlan.fallback_plan(x, None, x.numel())
         else:
             packs = nbytes(x) // DEFAULT_PACK
             op = ALLREDUCE_2STAGE.op if chosen is Path.TWO_STAGE else ALLREDUCE_1STAGE.op
@@ -411,7 +411,7 @@ class Communicator:
             cols = x.shape[-1] if x.dim() else 1
             plan = CallPlan(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
                             {"rank": self.rank, "packs": packs, "rows": x.numel() // cols, "cols": cols,
-                             "timeout_ns": self._timeout_ns}, (x, out), 1, x.numel())
+                             "timeout_ns": self._timeout_ns}, x, None, x.numel())
         if unsupported is None:
             self._plans[key] = plan
         return plan

@@ -128,9 +128,19 @@ VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, CACHE_PATH, LOCK_DIR, LOCK_TIMEOUT_S
                                  FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
 
 
-def raw(var: EnvVar) -> str:
-    """A variable's text as set ("" when unset): cheap enough for a per-call key."""
-    return os.environ.get(var.name, "")
+# os.environ.get decodes and re-encodes on every call (about 1 us); a per-call key reads the bytes behind it.
+_ENVIRON_BYTES = getattr(os.environ, "_data", None)
+
+
+def raw_names(*variables: EnvVar) -> tuple[bytes, ...]:
+    return tuple(v.name.encode() for v in variables)
+
+
+def raw_values(names: tuple[bytes, ...]) -> tuple[Optional[bytes], ...]:
+    """The variables' values as set, undecoded (None when unset): cheap enough for a per-call key."""
+    if _ENVIRON_BYTES is None:
+        return tuple(None if (v := os.environ.get(n.decode())) is None else v.encode() for n in names)
+    return tuple(map(_ENVIRON_BYTES.get, names))
 
 
 def cache_dir() -> Path:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from .kernels import add_rmsnorm_block
 from .launch import spec_for
-from .plans import LaunchPlan, aligned, disjoint, meta, nbytes, plain_eps, raw_stream
+from .plans import LaunchPlan, nbytes, plain_eps, raw_stream, rmsnorm_key, rmsnorm_pointers_ok
 from .spec import DEFAULT_PACK, DType, Op
 from .validate import check_devices, check_eps, check_outputs, check_rmsnorm_inputs
 
@@ -50,25 +50,14 @@ _plans: dict[tuple, AddRmsnormPlan] = {}
 def _fast_plan(x: Any, residual: Any, weight: Any, eps: Any, out: Any, residual_out: Any) -> Optional[AddRmsnormPlan]:
     """The plan of this call's key when every per-call check passes, else None (the full checks then run)."""
     try:
-        plan = _plans.get((meta(x), meta(residual), meta(weight), out is None or meta(out),
-                           residual_out is None or meta(residual_out)))
+        plan = _plans.get(rmsnorm_key(x, residual, weight, out, residual_out))
     except AttributeError:  # not a tensor: the full checks say so
         return None
     if plan is None or not plain_eps(eps):
         return None
-    xp, rp, wp = x.data_ptr(), residual.data_ptr(), weight.data_ptr()
-    ptrs = [xp, rp, wp]
-    size = plan.x_bytes
-    for given in (out, residual_out):
-        if given is not None:
-            p = given.data_ptr()
-            if not (disjoint(p, size, xp, size) and disjoint(p, size, rp, size)
-                    and disjoint(p, size, wp, plan.weight_bytes)):
-                return None
-            ptrs.append(p)
-    if out is not None and residual_out is not None and not disjoint(ptrs[-2], size, ptrs[-1], size):
+    if not rmsnorm_pointers_ok(plan.x_bytes, plan.weight_bytes, x, residual, weight, out, residual_out):
         return None
-    return plan if aligned(*ptrs) else None
+    return plan
 
 
 def _checked_plan(x: Any, residual: Any, weight: Any, eps: Any, out: Any, residual_out: Any) -> tuple[AddRmsnormPlan, float]:
@@ -77,7 +66,7 @@ def _checked_plan(x: Any, residual: Any, weight: Any, eps: Any, out: Any, residu
     check_outputs({"x": x, "residual": residual, "weight": weight}, {"out": out, "residual_out": residual_out}, x)
     outputs = {k: v for k, v in (("out", out), ("residual_out", residual_out)) if v is not None}
     check_devices(x=x, residual=residual, weight=weight, **outputs)
-    key = (meta(x), meta(residual), meta(weight), out is None or meta(out), residual_out is None or meta(residual_out))
+    key = rmsnorm_key(x, residual, weight, out, residual_out)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = AddRmsnormPlan(x, weight)

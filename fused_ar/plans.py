@@ -3,8 +3,8 @@ environment), validated and built once; per call only pointers, alignment, alias
 and only the changing fields of a prebuilt argument buffer are written before one ctypes launch.
 
 A plan never validates: callers run the full checks of fused_ar.validate when they build one, and the
-per-call checks each time (`aligned`, `disjoint`, `plain_eps`), falling back to the full checks (which
-raise the right error) when a per-call check fails.
+per-call checks each time (`rmsnorm_pointers_ok`, `allreduce_pointers_ok`, `plain_eps`), falling back to the
+full checks (which raise the right error) when a per-call check fails.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from .kernels import Arg, KernelDef, kernel_def
 from .launch import function
-from .runtime import current_runtime, pack_args
+from .runtime import current_runtime, pack_args, stream_arg
 from .spec import DEFAULT_PACK, KernelSpec
 
 _CTYPES = {Arg.PTR: ctypes.c_void_p, Arg.I32: ctypes.c_int32, Arg.I64: ctypes.c_int64, Arg.F32: ctypes.c_float}
@@ -45,7 +45,7 @@ class ArgBuffer:
             setattr(self.values, name, value.value)
         base = ctypes.addressof(self.values)
         self.pointers = (ctypes.c_void_p * len(kdef.params))(*[base + getattr(struct, n).offset for n, _ in kdef.params])
-        self.address = ctypes.addressof(self.pointers)
+        self.address = ctypes.c_void_p(ctypes.addressof(self.pointers))
 
 
 class LaunchPlan:
@@ -59,7 +59,7 @@ class LaunchPlan:
         self.fixed = dict(fixed)
         pack_args(self.kdef, [self.fixed.get(n, 0) for n, _ in self.kdef.params])  # range-checks the fixed values
         runtime = current_runtime()
-        self.fn = runtime.function_pointer(function(spec, device))
+        self.fn = ctypes.c_void_p(runtime.function_pointer(function(spec, device)))
         self.launch_raw = runtime.launch_raw
         self._local = threading.local()
 
@@ -73,17 +73,20 @@ class LaunchPlan:
 
     def launch(self, stream: int, buf: ArgBuffer) -> None:
         if self.grid:
-            self.launch_raw(self.fn, self.grid, self.block, buf.address, stream)
+            self.launch_raw(self.fn, self.grid, self.block, buf.address, stream_arg(stream))
+
+
+_raw_stream_getter: list[Callable[[int], int]] = []
 
 
 def raw_stream(device: int) -> int:
-    """torch's current stream on `device` as a raw handle (one C call; what Inductor's generated code uses)."""
-    import torch
+    """torch's current stream on `device` as a raw handle (one C call: what Inductor's generated code uses)."""
+    if not _raw_stream_getter:
+        import torch
 
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return getter(device)
-    return torch.cuda.current_stream(device).cuda_stream
+        getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream_getter.append(getter or (lambda d: torch.cuda.current_stream(d).cuda_stream))
+    return _raw_stream_getter[0](device)
 
 
 def is_capturing() -> bool:
@@ -93,15 +96,50 @@ def is_capturing() -> bool:
     return bool(check()) if check is not None else torch.cuda.is_current_stream_capturing()
 
 
-def aligned(*pointers: int, to: int = DEFAULT_PACK) -> bool:
-    mask = 0
-    for p in pointers:
-        mask |= p
-    return not mask % to
+def rmsnorm_key(x: Any, residual: Any, weight: Any, out: Any, residual_out: Any) -> tuple:
+    """Everything an add + RMSNorm plan depends on in its tensors (AttributeError for a non-tensor: the
+    caller then runs the full checks, which say what is wrong)."""
+    return (x.shape, x.dtype, x.stride(), x.device, residual.shape, residual.dtype, residual.stride(), residual.device,
+            weight.shape, weight.dtype, weight.stride(), weight.device,
+            None if out is None else (out.shape, out.dtype, out.stride(), out.device),
+            None if residual_out is None else (residual_out.shape, residual_out.dtype, residual_out.stride(),
+                                               residual_out.device))
 
 
-def disjoint(a: int, a_bytes: int, b: int, b_bytes: int) -> bool:
-    return a + a_bytes <= b or b + b_bytes <= a
+def rmsnorm_pointers_ok(size: int, weight_size: int, x: Any, residual: Any, weight: Any, out: Any,
+                        residual_out: Any) -> bool:
+    """Per call: every pointer 16-byte aligned, each given output (`size` bytes, as x) disjoint from the
+    inputs and the other output. Written out, not looped: this runs on every eager call."""
+    xp, rp, wp = x.data_ptr(), residual.data_ptr(), weight.data_ptr()
+    mask = xp | rp | wp
+    op = None
+    if out is not None:
+        op = out.data_ptr()
+        if not ((op + size <= xp or xp + size <= op) and (op + size <= rp or rp + size <= op)
+                and (op + size <= wp or wp + weight_size <= op)):
+            return False
+        mask |= op
+    if residual_out is not None:
+        rop = residual_out.data_ptr()
+        if not ((rop + size <= xp or xp + size <= rop) and (rop + size <= rp or rp + size <= rop)
+                and (rop + size <= wp or wp + weight_size <= rop)):
+            return False
+        if op is not None and not (op + size <= rop or rop + size <= op):
+            return False
+        mask |= rop
+    return not mask % DEFAULT_PACK
+
+
+def allreduce_key(x: Any, out: Any) -> tuple:
+    return x.shape, x.dtype, x.stride(), x.device, None if out is None else (out.shape, out.dtype, out.stride(), out.device)
+
+
+def allreduce_pointers_ok(size: int, x: Any, out: Any) -> bool:
+    xp = x.data_ptr()
+    if out is None:
+        return not xp % DEFAULT_PACK
+    op = out.data_ptr()
+    return (op + size <= xp or xp + size <= op) and not (xp | op) % DEFAULT_PACK
 
 
 def plain_eps(eps: Any) -> bool:
@@ -109,54 +147,27 @@ def plain_eps(eps: Any) -> bool:
     return type(eps) is float and 0.0 < eps < math.inf
 
 
-def meta(t: Any) -> tuple:
-    """What a plan key holds of a tensor (raises AttributeError for a non-tensor: the caller validates)."""
-    return t.shape, t.dtype, t.stride(), t.device
-
-
 def nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
-def same_key(values: Sequence[Optional[Any]]) -> tuple:
-    return tuple(None if v is None else meta(v) for v in values)
-
-
 class CallPlan(LaunchPlan):
-    """A communicator call's plan: a kernel launch, or the fallback (`fallback`, no kernel). `tensors` are
-    the call's inputs then its outputs (None where not given); per call, every pointer must be 16-byte
-    aligned and every given output disjoint from the inputs and the other outputs."""
+    """A communicator call's plan: a kernel launch, or the fallback (`fallback`, no kernel), with the byte
+    sizes its per-call pointer checks need."""
 
-    __slots__ = ("fallback", "torch_epilogue", "rows", "x_bytes", "sizes", "n_inputs")
+    __slots__ = ("fallback", "torch_epilogue", "rows", "x_bytes", "weight_bytes")
 
-    def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], tensors: Sequence[Any],
-                 n_inputs: int, rows: int) -> None:
+    def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], x: Any,
+                 weight: Optional[Any], rows: int) -> None:
         super().__init__(spec, device, grid, fixed)
-        self._describe(tensors, n_inputs, rows, fallback=False, torch_epilogue=False)
+        self._describe(x, weight, rows, fallback=False, torch_epilogue=False)
 
     @classmethod
-    def fallback_plan(cls, tensors: Sequence[Any], n_inputs: int, rows: int, torch_epilogue: bool = False) -> "CallPlan":
+    def fallback_plan(cls, x: Any, weight: Optional[Any], rows: int, torch_epilogue: bool = False) -> "CallPlan":
         plan = cls.__new__(cls)
-        plan._describe(tensors, n_inputs, rows, fallback=True, torch_epilogue=torch_epilogue)
+        plan._describe(x, weight, rows, fallback=True, torch_epilogue=torch_epilogue)
         return plan
 
-    def _describe(self, tensors: Sequence[Any], n_inputs: int, rows: int, *, fallback: bool,
-                  torch_epilogue: bool) -> None:
-        self.fallback, self.torch_epilogue, self.rows, self.n_inputs = fallback, torch_epilogue, rows, n_inputs
-        self.sizes = tuple(None if t is None else nbytes(t) for t in tensors)
-        self.x_bytes = self.sizes[0]
-
-    def call_ok(self, tensors: Sequence[Any]) -> bool:
-        ptrs = [None if t is None else t.data_ptr() for t in tensors]
-        given = [p for p in ptrs if p is not None]
-        if not aligned(*given):
-            return False
-        sizes = self.sizes
-        for i in range(self.n_inputs, len(ptrs)):
-            p = ptrs[i]
-            if p is None:
-                continue
-            for j in range(i):
-                if ptrs[j] is not None and not disjoint(p, sizes[i], ptrs[j], sizes[j]):
-                    return False
-        return True
+    def _describe(self, x: Any, weight: Optional[Any], rows: int, *, fallback: bool, torch_epilogue: bool) -> None:
+        self.fallback, self.torch_epilogue, self.rows = fallback, torch_epilogue, rows
+        self.x_bytes, self.weight_bytes = nbytes(x), 0 if weight is None else nbytes(weight)

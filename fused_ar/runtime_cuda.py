@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from .compiler import CompiledKernel, checked
 from .errors import DeviceError
-from .runtime import LAUNCH_ARGTYPES, Runtime, c_function
+from .runtime import Runtime, c_function, stream_arg
 from .spec import Platform
 
 
@@ -74,7 +74,7 @@ class CudaRuntime(Runtime):
 
     @cached_property
     def c_launch(self) -> Any:
-        return c_function(self._libcuda, "cuLaunchKernel", LAUNCH_ARGTYPES)
+        return c_function(self._libcuda, "cuLaunchKernel", None)
 
     @cached_property
     def _c_copy(self) -> Any:
@@ -105,7 +105,7 @@ class CudaRuntime(Runtime):
                     DeviceError)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        status = self._c_copy(dst, src, nbytes, stream or None)
+        status = self._c_copy(dst, src, nbytes, stream_arg(stream))
         if status:
             raise DeviceError(f"cuMemcpyDtoDAsync({nbytes} bytes) failed: {self.status_name(status)}")
 

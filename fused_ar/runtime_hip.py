@@ -16,7 +16,7 @@ from typing import Any, Iterator
 from .compiler import CompiledKernel, checked
 from .errors import DeviceError
 from .compiler_hiprtc import HIP_LIBRARY
-from .runtime import LAUNCH_ARGTYPES, Runtime, c_function
+from .runtime import Runtime, c_function, stream_arg
 from .spec import Platform
 
 
@@ -50,7 +50,7 @@ class HipRuntime(Runtime):
 
     @cached_property
     def c_launch(self) -> Any:
-        return c_function(self._libhip, "hipModuleLaunchKernel", LAUNCH_ARGTYPES)
+        return c_function(self._libhip, "hipModuleLaunchKernel", None)
 
     @cached_property
     def _c_copy(self) -> Any:
@@ -103,7 +103,7 @@ class HipRuntime(Runtime):
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         kind = int(self._hip.hipMemcpyKind.hipMemcpyDeviceToDevice)
-        status = self._c_copy(dst, src, nbytes, kind, stream or None)
+        status = self._c_copy(dst, src, nbytes, kind, stream_arg(stream))
         if status:
             raise DeviceError(f"hipMemcpyAsync({nbytes} bytes) failed: {self.status_name(status)}")
 
