@@ -18,6 +18,7 @@ from .spec import KernelSpec
 
 OBJDUMP = "llvm-objdump-19"
 READELF = "llvm-readelf-19"
+OPT = "opt-19"
 
 # System-scope release / acquire as each generation's memory model lowers them (LLVM AMDGPUUsage,
 # "Memory Model GFX90A" and "GFX942"): gfx90a writes back L2 with buffer_wbl2 and invalidates with
@@ -52,9 +53,13 @@ def disassemble(code: bytes, arch: str) -> str:
 def lower_ir(llvm_ir: str, arch: str) -> str:
     """Assembly (with its metadata) for `arch` from LLVM IR made for another gfx9 target, through the LLVM
     that the triton wheel carries (it knows gfx950; clang-19 does not). The IR's own target-cpu and
-    target-features are replaced by `arch`'s."""
+    target-features are replaced by `arch`'s. translate_to_asm runs codegen without the AMDGPU backend's
+    first IR pass, infer-address-spaces (flat accesses through kernel arguments become global ones), so
+    opt-19 runs it first, as clang and hiprtc do."""
     from triton._C.libtriton import llvm  # the `gfx950` extra: pip install triton
 
+    llvm_ir = subprocess.run([_tool(OPT), "-mtriple=amdgcn-amd-amdhsa", "-passes=infer-address-spaces", "-S"],
+                             input=llvm_ir, capture_output=True, text=True, check=True).stdout
     llvm.init_targets()
     ir = re.sub(r'"target-cpu"="gfx[0-9a-f]+"', f'"target-cpu"="{arch}"', llvm_ir)
     ir = re.sub(r' "target-features"="[^"]*"', "", ir)
@@ -72,7 +77,7 @@ def problems(text: str, spec: KernelSpec, arch: str) -> list[str]:
         found.append(f"scratch (spills or stack) of {max(scratch)} bytes")
     if any(int(n) for n in _VGPR_SPILLS.findall(text)):
         found.append("VGPR spills")
-    if "global_load_dwordx4" not in text or "global_store_dwordx4" not in text:
+    if spec.pack == 16 and ("global_load_dwordx4" not in text or "global_store_dwordx4" not in text):
         found.append("no 16-byte global load/store")
     if "ds_bpermute" in text:
         found.append("a lane exchange fell back to ds_bpermute")

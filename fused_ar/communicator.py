@@ -24,8 +24,8 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from .launch import arch_of, function, preload, spec_for
-from .plans import (CallPlan, allreduce_key, allreduce_pointers_ok, is_capturing, nbytes, plain_eps, raw_stream,
-                    rmsnorm_key, rmsnorm_pointers_ok)
+from .plans import (CallPlan, allreduce_key, allreduce_pointers_ok, is_capturing, nbytes, plain_eps, plain_offset,
+                    raw_stream, rmsnorm_key, rmsnorm_pointers_ok)
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from .ops import add_rmsnorm_into
 from .report import pending_exception, read_error_word
@@ -33,8 +33,8 @@ from .runtime import current_runtime
 from .spec import DEFAULT_PACK, DType, KernelSpec
 from .thresholds import SizeRule, Thresholds
 from .thresholds import load as load_thresholds
-from .validate import (check_devices, check_outputs, check_rmsnorm_inputs, check_rows, device_index,
-                       first_kernel_limit, require_gpu)
+from .validate import (RmsnormCall, check_devices, check_outputs, check_rmsnorm_inputs, check_rows,
+                       cross_gpu_limit, device_index, require_gpu)
 
 _ids = itertools.count(1)
 
@@ -295,24 +295,32 @@ class Communicator:
     def _apply_graph_records(self, everyone: list[list[Any]]) -> None:
         self._graphs.apply(self.rank, self._view, everyone)
 
-    def _peer_table(self, x: Any, size: int, stream: int) -> int:
+    def _peer_table(self, x: Any, plan: CallPlan, stream: int, stage: bool = False) -> int:
         """The peer table of this call: a graph table naming x itself while capturing, else the eager one
-        with x copied into the staging buffer (also while capturing when peers cannot map x)."""
+        with x copied into the staging buffer (also while capturing where peers cannot map x, or `stage`: x
+        is not contiguous rows, or this call writes its output over it)."""
         if is_capturing():
-            table = self._graphs.record(x.data_ptr())
+            table = None if stage else self._graphs.record(x.data_ptr())
             if table is not None:
                 return table
         elif self._graphs.pending:
             self.register_graph_buffers()
-        self._runtime.copy_async(self._mem.staging, x.data_ptr(), size, stream)
+        rows, row_bytes, pitch = plan.x_layout
+        if pitch == row_bytes:
+            self._runtime.copy_async(self._mem.staging, x.data_ptr(), rows * row_bytes, stream)
+        else:
+            self._runtime.copy_rows(self._mem.staging, row_bytes, x.data_ptr(), pitch, row_bytes, rows, stream)
         return self._mem.table
 
     # -- ops ----------------------------------------------------------------------------------------------
-    def allreduce_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, path: str = "auto",
-                          out: Optional[Any] = None, residual_out: Optional[Any] = None) -> tuple[Any, Any]:
-        """(out, residual_out) of docs/design.md section 1: x all-reduced over the group (fp32, rank order),
-        rounded to T, plus residual, then RMSNorm * weight. Out-of-place; every rank calls it together
-        with the same shape and path. Runs on torch's current stream."""
+    def allreduce_rmsnorm(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                          weight_offset: float = 0.0, path: str = "auto", out: Optional[Any] = None,
+                          residual_out: Optional[Any] = None) -> tuple[Any, Any]:
+        """(out, residual_out) of docs/design.md sections 1 and 1b: x all-reduced over the group (fp32, rank
+        order), rounded to T, plus residual (none: residual_out is the all-reduced x), then RMSNorm * (weight +
+        weight_offset). Takes what fused_ar.add_rmsnorm takes (row strides, an fp32 or absent weight, out=x
+        and residual_out=residual in place); every rank calls it together with the same shape and path. Runs
+        on torch's current stream."""
         import torch
 
         self.check()
@@ -321,22 +329,26 @@ class Communicator:
                                     env.raw_values(_OVERRIDES)))
         except AttributeError:  # not a tensor: the full checks say so
             plan = None
-        if plan is None or not plain_eps(eps) or not rmsnorm_pointers_ok(
-                plan.x_bytes, plan.weight_bytes, x, residual, weight, out, residual_out):
-            plan, eps = self._checked_fused(x, residual, weight, eps, path, out, residual_out)
+        if plan is None or not plain_eps(eps) or not plain_offset(weight_offset) or not rmsnorm_pointers_ok(
+                plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out):
+            plan, eps, weight_offset = self._checked_fused(x, residual, weight, eps, weight_offset, path, out,
+                                                           residual_out)
         out = torch.empty_like(x) if out is None else out
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
         if plan.fallback:
             if plan.rows:
-                self._fallback_rmsnorm(x, residual, weight, eps, out, residual_out, plan.torch_epilogue)
+                self._fallback_rmsnorm(x, residual, weight, eps, weight_offset, out, residual_out)
             return out, residual_out
         if plan.rows:
             stream = raw_stream(self.device)
             buf = plan.buffer()
             v = buf.values
-            v.peers = self._peer_table(x, plan.x_bytes, stream)
+            # out at x: peers may still read x in place (a captured call) while this rank writes out: stage it
+            v.peers = self._peer_table(x, plan, stream, stage=plan.stage_x or out.data_ptr() == x.data_ptr())
             v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
-            v.residual, v.weight, v.eps = residual.data_ptr(), weight.data_ptr(), eps
+            v.residual = 0 if residual is None else residual.data_ptr()
+            v.weight = 0 if weight is None else weight.data_ptr()
+            v.eps, v.weight_offset = eps, weight_offset
             plan.launch(stream, buf)
         return out, residual_out
 
@@ -358,51 +370,59 @@ class Communicator:
             return self._fallback_allreduce(x, out)
         stream = raw_stream(self.device)
         buf = plan.buffer()
-        buf.values.peers = self._peer_table(x, plan.x_bytes, stream)
+        buf.values.peers = self._peer_table(x, plan, stream, stage=out.data_ptr() == x.data_ptr())
         buf.values.out = out.data_ptr()
         plan.launch(stream, buf)
         return out
 
-    def _checked_fused(self, x: Any, residual: Any, weight: Any, eps: Any, path: str, out: Any,
-                       residual_out: Any) -> tuple["CallPlan", float]:
+    def _checked_fused(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
+                       residual_out: Any) -> tuple[CallPlan, float, float]:
         """Every rule of the call (raising InputError naming the value), the path, and the plan of its key."""
-        shape, eps = check_rmsnorm_inputs(x, residual, weight, eps, kernel=False)
+        call = check_rmsnorm_inputs(x, residual, weight, eps, offset)
         inputs = {"x": x, "residual": residual, "weight": weight}
-        check_outputs(inputs, {"out": out, "residual_out": residual_out}, x, kernel=False)
-        outputs = {k: v for k, v in (("out", out), ("residual_out", residual_out)) if v is not None}
+        outputs = {"out": out, "residual_out": residual_out}
+        layouts = check_outputs(inputs, outputs, x)
         self._check_device(**inputs, **outputs)
-        unsupported = first_kernel_limit({**inputs, **outputs})
-        chosen = self._choose(path, x, unsupported, self.size_rule(shape.dtype, shape.cols))
+        rows, cols = call.x.rows, call.x.cols
+        unsupported = cross_gpu_limit(cols, call.x.dtype, {"residual": residual, "weight": weight, **outputs})
+        chosen = self._choose(path, x, unsupported, self.size_rule(call.x.dtype, cols))
+        in_place = residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr()
         key = (rmsnorm_key(x, residual, weight, out, residual_out), path, env.raw_values(_OVERRIDES))
+        tensors = (x, residual, weight, out, residual_out)
         plan = self._plans.get(key)
-        if plan is None or plan.fallback != (chosen is Path.FALLBACK):
+        if plan is None or plan.fallback != (chosen is Path.FALLBACK) or plan.in_place != in_place:
             if chosen is Path.FALLBACK:
-                plan = CallPlan.fallback_plan(x, weight, shape.rows, torch_epilogue=unsupported is not None)
+                plan = CallPlan.fallback_plan(tensors, rows)
             else:
-                spec = self._fused_spec(shape.dtype, shape.cols, chosen)
-                plan = CallPlan(spec, self.device, min(shape.rows, self._grid_cap(spec)),
-                                {"rank": self.rank, "rows": shape.rows, "cols": shape.cols,
-                                 "timeout_ns": self._timeout_ns}, x, weight, shape.rows)
+                spec = self._fused_spec(call, chosen, in_place)
+                plan = CallPlan(spec, self.device, min(rows, self._grid_cap(spec)),
+                                {"rank": self.rank, "rows": rows, "cols": cols, "timeout_ns": self._timeout_ns,
+                                 "residual_stride": call.residual_stride or 0,
+                                 "out_stride": layouts["out"].row_stride if "out" in layouts else cols,
+                                 "residual_out_stride": layouts["residual_out"].row_stride
+                                 if "residual_out" in layouts else cols}, tensors, rows, in_place)
+            plan.stage_x = call.x.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
             if unsupported is None:  # an unaligned call must come back here each time
                 self._plans[key] = plan
-        return plan, eps
+        return plan, call.eps, call.offset
 
-    def _checked_allreduce(self, x: Any, path: str, out: Any) -> "CallPlan":
+    def _checked_allreduce(self, x: Any, path: str, out: Any) -> CallPlan:
         import torch
 
         if isinstance(x, torch.Tensor) and not x.is_contiguous():
             raise InputError(f"x with shape {tuple(x.shape)} and strides {x.stride()} is not contiguous")
         flat = x.reshape(-1) if isinstance(x, torch.Tensor) else x
         if not (isinstance(x, torch.Tensor) and x.numel() == 0):  # an empty x is valid and moves nothing
-            check_rows("x", flat, kernel=False)
-        check_outputs({"x": x}, {"out": out}, x, kernel=False)
-        outputs = {"out": out} if out is not None else {}
-        self._check_device(x=x, **outputs)
-        unsupported = first_kernel_limit({"x": flat, **outputs}) if x.numel() else None
+            check_rows("x", flat)
+        check_outputs({"x": x}, {"out": out}, x, in_place={("out", "x")})
+        self._check_device(x=x, out=out)
+        unsupported = None
+        if x.numel():
+            unsupported = cross_gpu_limit(flat.numel(), DType.parse(x.dtype), {"x": flat, "out": out})
         chosen = self._choose(path, x, unsupported)
         key = (allreduce_key(x, out), path, env.raw_values(_OVERRIDES))
         if chosen is Path.FALLBACK or not x.numel():
-            plan = CallPlan.fallback_plan(x, None, x.numel())
+            plan = CallPlan.fallback_plan((x, out), x.numel())
         else:
             packs = nbytes(x) // DEFAULT_PACK
             op = ALLREDUCE_2STAGE.op if chosen is Path.TWO_STAGE else ALLREDUCE_1STAGE.op
@@ -411,17 +431,19 @@ class Communicator:
             cols = x.shape[-1] if x.dim() else 1
             plan = CallPlan(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
                             {"rank": self.rank, "packs": packs, "rows": x.numel() // cols, "cols": cols,
-                             "timeout_ns": self._timeout_ns}, x, None, x.numel())
+                             "timeout_ns": self._timeout_ns}, (x, out), x.numel())
         if unsupported is None:
             self._plans[key] = plan
         return plan
 
-    def _fused_spec(self, dtype: DType, cols: int, chosen: Path) -> KernelSpec:
+    def _fused_spec(self, call: RmsnormCall, chosen: Path, in_place: bool) -> KernelSpec:
+        variant = {"weight": call.weight, "residual": call.residual_stride is not None, "inplace": in_place}
         if chosen is Path.TWO_STAGE:
-            return spec_for(ALLREDUCE_RMSNORM_2STAGE.op, dtype, self.device, TWO_STAGE_BLOCK, self.world_size)
-        packs = cols * dtype.itemsize // DEFAULT_PACK
-        return spec_for(ALLREDUCE_RMSNORM_1STAGE.op, dtype, self.device, allreduce_rmsnorm_block(packs),
-                        self.world_size)
+            return spec_for(ALLREDUCE_RMSNORM_2STAGE.op, call.x.dtype, self.device, TWO_STAGE_BLOCK, self.world_size,
+                            **variant)
+        packs = call.x.cols * call.x.dtype.itemsize // DEFAULT_PACK
+        return spec_for(ALLREDUCE_RMSNORM_1STAGE.op, call.x.dtype, self.device, allreduce_rmsnorm_block(packs),
+                        self.world_size, **variant)
 
     # -- the fallback -------------------------------------------------------------------------------------
     def size_rule(self, dtype: Any, hidden: int) -> SizeRule:
@@ -452,26 +474,24 @@ class Communicator:
         return chosen
 
     def _fallback_allreduce(self, x: Any, out: Any) -> Any:
+        """The collective's all-reduce in T (on a contiguous copy where `out` is not contiguous)."""
+        import torch
         import torch.distributed as dist
 
-        out.copy_(x)
-        dist.all_reduce(out, group=self._device_group)
+        reduced = out if out.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        reduced.copy_(x)
+        dist.all_reduce(reduced, group=self._device_group)
+        if reduced is not out:
+            out.copy_(reduced)
         return out
 
-    def _fallback_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float, out: Any, residual_out: Any,
-                          torch_epilogue: bool) -> tuple[Any, Any]:
-        """The collective's all-reduce in T, then add + RMSNorm fused by our kernel (torch's ops for a
-        shape the kernel does not take)."""
+    def _fallback_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float, offset: float, out: Any,
+                          residual_out: Any) -> tuple[Any, Any]:
+        """The collective's all-reduce in T, then add + RMSNorm fused by our kernel (it takes every layout)."""
         import torch
 
-        ar = self._fallback_allreduce(x, torch.empty_like(x))
-        if not torch_epilogue:
-            add_rmsnorm_into(out, residual_out, ar, residual, weight, eps)
-            return out, residual_out
-        total = ar.float() + residual.float()
-        residual_out.copy_(total)
-        r = residual_out.float()
-        out.copy_(r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
+        ar = self._fallback_allreduce(x, torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset)
         return out, residual_out
 
     # -- helpers ------------------------------------------------------------------------------------------

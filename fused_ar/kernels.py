@@ -6,11 +6,11 @@ Launch-time policy (which block size for which row width) lives beside the defin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterable, Mapping
 
-from .spec import BLOCK_SIZES, DEFAULT_PACK, SUPPORTED_NGPUS, DType, KernelSpec, Op
+from .spec import BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, KernelSpec, Op, WeightKind
 
 
 class Arg(Enum):
@@ -54,9 +54,38 @@ def all_kernels() -> tuple[KernelDef, ...]:
     return tuple(_REGISTRY.values())
 
 
-def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[int]) -> list[KernelSpec]:
+def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[int],
+                variants: bool = False) -> list[KernelSpec]:
+    """Every default specialization for the archs, dtypes and group sizes; with `variants`, also the
+    specializations the calls of variant_specs ask for (compiled on first use otherwise)."""
     dtypes, ngpus = list(dtypes), list(ngpus)
-    return [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
+    specs = [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
+    if variants:
+        specs += [v for s in specs for v in variant_specs(s)]
+    return specs
+
+
+def check_specs(arch: str) -> list[KernelSpec]:
+    """What the compile tests build beyond the warm matrix: every variant of each RMSNorm op and dtype at its
+    largest block (the most registers) and group size."""
+    widest: dict[tuple, KernelSpec] = {}
+    for spec in warm_matrix([arch], list(DType), [1, max(SUPPORTED_NGPUS)]):
+        key = (spec.op, spec.dtype)
+        if key not in widest or spec.block > widest[key].block:
+            widest[key] = spec
+    return [v for spec in widest.values() for v in variant_specs(spec)]
+
+
+def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
+    """The other specializations of an RMSNorm spec: an fp32 weight (16-bit x), no weight and no residual, in
+    place, and for add_rmsnorm the one-element access of rows whose starts are not 16-byte aligned."""
+    if spec.op.value not in RMSNORM_OPS:
+        return []
+    kinds = [dict(weight=WeightKind.FP32)] if spec.dtype.itemsize == 2 else []
+    kinds += [dict(weight=WeightKind.NONE, residual=False), dict(inplace=True)]
+    if spec.op is Op.ADD_RMSNORM:
+        kinds.append(dict(pack=spec.dtype.itemsize))
+    return [replace(spec, **kind) for kind in kinds]
 
 
 def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
@@ -66,14 +95,17 @@ def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
     whose sum of squares is double, spills at 2 (ptxas -v: 4 bytes), so 2 and 1."""
     if spec.block < 1024:
         return 4
-    return 1 if spec.dtype is DType.FP32 else 2
+    # an fp32 weight of a 16-bit x doubles the weight registers: 2 packs spill at 1024 (ptxas -v)
+    return 1 if spec.dtype is DType.FP32 or spec.weight is WeightKind.FP32 else 2
 
 
 ADD_RMSNORM = register(KernelDef(
     op=Op.ADD_RMSNORM,
     template="add_rmsnorm.hip",
     params=(("out", Arg.PTR), ("residual_out", Arg.PTR), ("x", Arg.PTR), ("residual", Arg.PTR),
-            ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32)),
+            ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32), ("weight_offset", Arg.F32),
+            ("x_stride", Arg.I64), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
+            ("residual_out_stride", Arg.I64)),
     ngpus=(1,),
     warm_blocks=BLOCK_SIZES,
     constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec)},
@@ -149,7 +181,8 @@ def _cross_gpu_constants(two_stage: bool):
 
 _FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("residual_out", Arg.PTR),
                  ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32),
-                 ("eps", Arg.F32), ("timeout_ns", Arg.I64))
+                 ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
+                 ("residual_out_stride", Arg.I64), ("timeout_ns", Arg.I64))
 _ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
                      ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from .kernels import Arg, KernelDef, kernel_def
 from .launch import function
@@ -96,38 +96,56 @@ def is_capturing() -> bool:
     return bool(check()) if check is not None else torch.cuda.is_current_stream_capturing()
 
 
+def _meta(t: Any) -> Optional[tuple]:
+    return None if t is None else (t.shape, t.dtype, t.stride(), t.device)
+
+
 def rmsnorm_key(x: Any, residual: Any, weight: Any, out: Any, residual_out: Any) -> tuple:
     """Everything an add + RMSNorm plan depends on in its tensors (AttributeError for a non-tensor: the
     caller then runs the full checks, which say what is wrong)."""
-    return (x.shape, x.dtype, x.stride(), x.device, residual.shape, residual.dtype, residual.stride(), residual.device,
-            weight.shape, weight.dtype, weight.stride(), weight.device,
-            None if out is None else (out.shape, out.dtype, out.stride(), out.device),
-            None if residual_out is None else (residual_out.shape, residual_out.dtype, residual_out.stride(),
-                                               residual_out.device))
+    return (x.shape, x.dtype, x.stride(), x.device, _meta(residual), _meta(weight), _meta(out), _meta(residual_out))
 
 
-def rmsnorm_pointers_ok(size: int, weight_size: int, x: Any, residual: Any, weight: Any, out: Any,
+def span_bytes(t: Any) -> int:
+    """Bytes from a tensor of rows' first element to one past its last (0 for None)."""
+    if t is None or not t.numel():
+        return 0
+    from .validate import row_stride
+
+    cols = t.shape[-1] if t.dim() else 1
+    rows = t.numel() // cols
+    stride = (row_stride(t) if t.dim() else 1) or cols
+    return ((rows - 1) * stride + cols) * t.element_size()
+
+
+def rmsnorm_pointers_ok(spans: tuple, align: int, in_place: bool, x: Any, residual: Any, weight: Any, out: Any,
                         residual_out: Any) -> bool:
-    """Per call: every pointer 16-byte aligned, each given output (`size` bytes, as x) disjoint from the
-    inputs and the other output. Written out, not looped: this runs on every eager call."""
-    xp, rp, wp = x.data_ptr(), residual.data_ptr(), weight.data_ptr()
-    mask = xp | rp | wp
-    op = None
+    """Per call: every pointer aligned as the plan's accesses need (`align`), each given output's span
+    disjoint from the inputs' and the other output's, except out at x and residual_out at residual in an
+    in-place plan. Conservative (spans, not rows): what fails here takes the full checks."""
+    xs, rs, ws, os_, ros = spans
+    xp = x.data_ptr()
+    rp = -1 if residual is None else residual.data_ptr()
+    wp = -1 if weight is None else weight.data_ptr()
+    mask = xp | max(rp, 0) | max(wp, 0)
+    op = -1
     if out is not None:
         op = out.data_ptr()
-        if not ((op + size <= xp or xp + size <= op) and (op + size <= rp or rp + size <= op)
-                and (op + size <= wp or wp + weight_size <= op)):
+        if not (op == xp and in_place) and not (op + os_ <= xp or xp + xs <= op):
+            return False
+        if not (op + os_ <= rp or rp + rs <= op or rp < 0) or not (op + os_ <= wp or wp + ws <= op or wp < 0):
             return False
         mask |= op
     if residual_out is not None:
         rop = residual_out.data_ptr()
-        if not ((rop + size <= xp or xp + size <= rop) and (rop + size <= rp or rp + size <= rop)
-                and (rop + size <= wp or wp + weight_size <= rop)):
+        if not (rop == rp and in_place) and not (rop + ros <= rp or rp + rs <= rop or rp < 0):
             return False
-        if op is not None and not (op + size <= rop or rop + size <= op):
+        if not (rop + ros <= xp or xp + xs <= rop) or not (rop + ros <= wp or wp + ws <= rop or wp < 0):
+            return False
+        if op >= 0 and not (op + os_ <= rop or rop + ros <= op):
             return False
         mask |= rop
-    return not mask % DEFAULT_PACK
+    return not mask % align
 
 
 def allreduce_key(x: Any, out: Any) -> tuple:
@@ -147,27 +165,42 @@ def plain_eps(eps: Any) -> bool:
     return type(eps) is float and 0.0 < eps < math.inf
 
 
+def plain_offset(offset: Any) -> bool:
+    """True for what check_offset accepts unchanged: a finite Python float."""
+    return type(offset) is float and -math.inf < offset < math.inf
+
+
 def nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
 class CallPlan(LaunchPlan):
-    """A communicator call's plan: a kernel launch, or the fallback (`fallback`, no kernel), with the byte
-    sizes its per-call pointer checks need."""
+    """A communicator call's plan: a kernel launch, or the fallback (`fallback`, no kernel). `tensors` are
+    the call's operands (rmsnorm: x, residual, weight, out, residual_out; all-reduce: x, out; None where
+    absent): their byte spans serve the per-call pointer checks, x's layout the staging copy."""
 
-    __slots__ = ("fallback", "torch_epilogue", "rows", "x_bytes", "weight_bytes")
+    __slots__ = ("fallback", "rows", "spans", "x_bytes", "align", "in_place", "stage_x", "x_layout")
 
-    def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], x: Any,
-                 weight: Optional[Any], rows: int) -> None:
+    def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], tensors: Sequence[Any],
+                 rows: int, in_place: bool = False) -> None:
         super().__init__(spec, device, grid, fixed)
-        self._describe(x, weight, rows, fallback=False, torch_epilogue=False)
+        self._describe(tensors, rows, fallback=False, in_place=in_place)
 
     @classmethod
-    def fallback_plan(cls, x: Any, weight: Optional[Any], rows: int, torch_epilogue: bool = False) -> "CallPlan":
+    def fallback_plan(cls, tensors: Sequence[Any], rows: int) -> "CallPlan":
         plan = cls.__new__(cls)
-        plan._describe(x, weight, rows, fallback=True, torch_epilogue=torch_epilogue)
+        plan._describe(tensors, rows, fallback=True, in_place=True)
         return plan
 
-    def _describe(self, x: Any, weight: Optional[Any], rows: int, *, fallback: bool, torch_epilogue: bool) -> None:
-        self.fallback, self.torch_epilogue, self.rows = fallback, torch_epilogue, rows
-        self.x_bytes, self.weight_bytes = nbytes(x), 0 if weight is None else nbytes(weight)
+    def _describe(self, tensors: Sequence[Any], rows: int, *, fallback: bool, in_place: bool) -> None:
+        from .validate import row_stride
+
+        x = tensors[0]
+        self.fallback, self.rows, self.in_place, self.align = fallback, rows, in_place, DEFAULT_PACK
+        self.spans = tuple(span_bytes(t) for t in tensors)
+        self.x_bytes = self.spans[0]
+        cols = x.shape[-1] if x.dim() else 1
+        # (rows, row bytes, row stride bytes) of x, for the staging copy; stage_x: copy even under capture
+        self.x_layout = (x.numel() // cols if cols else 0, cols * x.element_size(),
+                         ((row_stride(x) if x.dim() else 1) or cols) * x.element_size())
+        self.stage_x = False

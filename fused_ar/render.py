@@ -68,6 +68,9 @@ def render(spec: KernelSpec) -> Source:
         "FA_NGPUS": spec.ngpus,
         "FA_BLOCK": spec.block,
         "FA_KERNEL_NAME": spec.kernel_name,
+        "FA_WEIGHT": spec.weight.render_id,
+        "FA_RESIDUAL": int(spec.residual),
+        "FA_INPLACE": int(spec.inplace),
         **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]

@@ -121,6 +121,12 @@ class Runtime(ABC):
         """Device-to-device copy enqueued on `stream`."""
 
     @abstractmethod
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, rows: int,
+                  stream: int) -> None:
+        """Device-to-device copy of `rows` rows of `row_bytes`, `src_pitch` / `dst_pitch` bytes apart, enqueued
+        on `stream` (a strided x into the contiguous staging buffer)."""
+
+    @abstractmethod
     def read_bytes(self, ptr: int, nbytes: int, device: int) -> bytes:
         """Device memory, read synchronously (error words, signal buffers)."""
 

@@ -19,6 +19,18 @@ from .spec import Platform
 
 
 IPC_HANDLE_BYTES = 64  # CU_IPC_HANDLE_SIZE
+_MEMORY_DEVICE = 2  # CU_MEMORYTYPE_DEVICE
+
+
+class _Memcpy2D(ctypes.Structure):
+    """CUDA_MEMCPY2D of cuda.h, field for field."""
+
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
+                ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+                ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+                ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
+                ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t), ("WidthInBytes", ctypes.c_size_t),
+                ("Height", ctypes.c_size_t)]
 DRIVER_LIBRARY = "libcuda.so.1"
 
 
@@ -80,6 +92,18 @@ class CudaRuntime(Runtime):
     def _c_copy(self) -> Any:
         return c_function(self._libcuda, "cuMemcpyDtoDAsync_v2",
                            (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p))
+
+    @cached_property
+    def _c_copy_2d(self) -> Any:
+        return c_function(self._libcuda, "cuMemcpy2DAsync_v2", (ctypes.POINTER(_Memcpy2D), ctypes.c_void_p))
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, rows: int,
+                  stream: int) -> None:
+        copy = _Memcpy2D(srcMemoryType=_MEMORY_DEVICE, srcDevice=src, srcPitch=src_pitch, dstMemoryType=_MEMORY_DEVICE,
+                         dstDevice=dst, dstPitch=dst_pitch, WidthInBytes=row_bytes, Height=rows)
+        status = self._c_copy_2d(ctypes.byref(copy), stream_arg(stream))
+        if status:
+            raise DeviceError(f"cuMemcpy2DAsync({rows} rows of {row_bytes} bytes) failed: {self.status_name(status)}")
 
     def status_name(self, status: int) -> str:
         try:

@@ -57,6 +57,19 @@ class HipRuntime(Runtime):
         return c_function(self._libhip, "hipMemcpyAsync", (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                                             ctypes.c_int, ctypes.c_void_p))
 
+    @cached_property
+    def _c_copy_2d(self) -> Any:
+        return c_function(self._libhip, "hipMemcpy2DAsync", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                                             ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
+                                                             ctypes.c_int, ctypes.c_void_p))
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, rows: int,
+                  stream: int) -> None:
+        kind = int(self._hip.hipMemcpyKind.hipMemcpyDeviceToDevice)
+        status = self._c_copy_2d(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, stream_arg(stream))
+        if status:
+            raise DeviceError(f"hipMemcpy2DAsync({rows} rows of {row_bytes} bytes) failed: {self.status_name(status)}")
+
     def status_name(self, status: int) -> str:
         try:
             return self._hip.hipError_t(status).name

@@ -48,6 +48,18 @@ class DType(str, Enum):
         return aliases[name]
 
 
+class WeightKind(str, Enum):
+    """What the RMSNorm weight is: x's dtype, fp32 with a 16-bit x (Gemma checkpoints), or absent (ones)."""
+
+    SAME = "same"
+    FP32 = "fp32"
+    NONE = "none"
+
+    @property
+    def render_id(self) -> str:
+        return {WeightKind.SAME: "FA_WEIGHT_SAME", WeightKind.FP32: "FA_WEIGHT_FP32", WeightKind.NONE: "FA_WEIGHT_NONE"}[self]
+
+
 class Platform(str, Enum):
     CUDA = "cuda"
     HIP = "hip"
@@ -74,8 +86,10 @@ _HIP_ARCH = re.compile(r"gfx[0-9a-f]{3,4}(:[a-z0-9_]+[+-])*")
 
 SUPPORTED_NGPUS = (1, 2, 4, 6, 8)
 BLOCK_SIZES = (64, 128, 256, 512, 1024)
-PACK_SIZES = (4, 8, 16)
+# Bytes per thread access; 2 (one 16-bit element) serves add_rmsnorm rows whose starts are not aligned.
+PACK_SIZES = (2, 4, 8, 16)
 DEFAULT_PACK = 16
+RMSNORM_OPS = ("add_rmsnorm", "allreduce_rmsnorm_1stage", "allreduce_rmsnorm_2stage")
 
 
 def platform_of_arch(arch: str) -> Platform:
@@ -96,13 +110,24 @@ class KernelSpec:
     pack: int = DEFAULT_PACK
     ngpus: int = 1
     block: int = 256
+    weight: WeightKind = WeightKind.SAME  # RMSNorm ops only
+    residual: bool = True  # RMSNorm ops only: False adds no residual (residual_out is the row's values)
+    inplace: bool = False  # RMSNorm ops only: outputs may be their inputs (no __restrict__ between them)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", Op(self.op))
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        object.__setattr__(self, "weight", WeightKind(self.weight))
+        if self.weight is WeightKind.FP32 and self.dtype is DType.FP32:
+            object.__setattr__(self, "weight", WeightKind.SAME)  # one kernel, one key
         platform_of_arch(self.arch)
-        if self.pack not in PACK_SIZES or self.pack < self.dtype.itemsize:
-            raise ValueError(f"pack={self.pack} bytes: must be one of {PACK_SIZES} and hold one {self.dtype.value}")
+        if self.pack not in PACK_SIZES or self.pack < self.dtype.itemsize or self.pack % self.dtype.itemsize:
+            raise ValueError(f"pack={self.pack} bytes: must be one of {PACK_SIZES} and hold whole {self.dtype.value}s")
+        if self.op.value not in RMSNORM_OPS and (self.weight is not WeightKind.SAME or not self.residual
+                                                 or self.inplace):
+            raise ValueError(f"{self.op.value} has no weight, residual or in-place variants")
+        if not isinstance(self.residual, bool) or not isinstance(self.inplace, bool):
+            raise ValueError("residual and inplace are booleans")
         if self.ngpus not in SUPPORTED_NGPUS:
             raise ValueError(f"ngpus={self.ngpus}: must be one of {SUPPORTED_NGPUS}")
         if self.block not in BLOCK_SIZES:
@@ -119,11 +144,13 @@ class KernelSpec:
     @property
     def kernel_name(self) -> str:
         """The kernel's symbol: unique per spec, readable in profiler traces."""
-        return f"fa_{self.op.value}_{self.dtype.value}_p{self.pack}_g{self.ngpus}_b{self.block}"
+        variant = ("" if self.weight is WeightKind.SAME else f"_w{self.weight.value}") + \
+            ("" if self.residual else "_nores") + ("_inplace" if self.inplace else "")
+        return f"fa_{self.op.value}_{self.dtype.value}_p{self.pack}_g{self.ngpus}_b{self.block}{variant}"
 
     def to_dict(self) -> dict[str, Union[str, int]]:
         d = asdict(self)
-        d["op"], d["dtype"] = self.op.value, self.dtype.value
+        d["op"], d["dtype"], d["weight"] = self.op.value, self.dtype.value, self.weight.value
         return d
 
     @classmethod
@@ -131,5 +158,8 @@ class KernelSpec:
         return cls(**d)
 
     def __str__(self) -> str:
+        variant = "".join(f", {k}={v}" for k, v in (("weight", self.weight.value), ("residual", self.residual),
+                                                   ("inplace", self.inplace))
+                          if v != {"weight": "same", "residual": True, "inplace": False}[k])
         return (f"KernelSpec({self.op.value}, {self.dtype.value}, {self.arch}, pack={self.pack}, "
-                f"ngpus={self.ngpus}, block={self.block})")
+                f"ngpus={self.ngpus}, block={self.block}{variant})")

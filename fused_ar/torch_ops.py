@@ -13,7 +13,7 @@ per process (`fused_ar.register_torch_ops()` does it explicitly; creating a Comm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -25,10 +25,17 @@ if TYPE_CHECKING:
 _communicators: dict[int, "Communicator"] = {}
 
 SCHEMAS = {
-    "allreduce_rmsnorm": "allreduce_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps, int comm, "
-                         "str path=\"auto\") -> (Tensor, Tensor)",
+    "allreduce_rmsnorm": "allreduce_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
+                         "str path=\"auto\", float weight_offset=0.0) -> (Tensor, Tensor)",
     "allreduce": "allreduce(Tensor x, int comm, str path=\"auto\") -> Tensor",
-    "add_rmsnorm": "add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+    "add_rmsnorm": "add_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, float weight_offset=0.0) "
+                   "-> (Tensor, Tensor)",
+    # In place, as vLLM's fused_add_rms_norm: out is written over x and residual_out over residual. The alias
+    # annotations (a!), (b!) tell torch.compile what they mutate.
+    "add_rmsnorm_": "add_rmsnorm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, "
+                    "float weight_offset=0.0) -> ()",
+    "allreduce_rmsnorm_": "allreduce_rmsnorm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, int comm, "
+                          "str path=\"auto\", float weight_offset=0.0) -> ()",
 }
 
 
@@ -52,10 +59,10 @@ def lookup(handle: int) -> "Communicator":
     return comm
 
 
-def _allreduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm: int,
-                       path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, residual_out) = Communicator(comm).allreduce_rmsnorm(x, residual, weight, eps, path=path)."""
-    return lookup(comm).allreduce_rmsnorm(x, residual, weight, eps, path=path)
+def _allreduce_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
+                       comm: int, path: str = "auto", weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out) = Communicator(comm).allreduce_rmsnorm(x, residual, weight, eps, ...)."""
+    return lookup(comm).allreduce_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset, path=path)
 
 
 def _allreduce(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
@@ -63,12 +70,25 @@ def _allreduce(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
     return lookup(comm).allreduce(x, path=path)
 
 
-def _add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, residual_out) = fused_ar.add_rmsnorm(x, residual, weight, eps)."""
+def _add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
+                 weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out) = fused_ar.add_rmsnorm(x, residual, weight, eps, weight_offset=...)."""
     from .ops import add_rmsnorm
 
-    return add_rmsnorm(x, residual, weight, eps)
+    return add_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset)
+
+
+def _add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                  weight_offset: float = 0.0) -> None:
+    from .ops import add_rmsnorm
+
+    add_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset, out=x, residual_out=residual)
+
+
+def _allreduce_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float, comm: int,
+                        path: str = "auto", weight_offset: float = 0.0) -> None:
+    lookup(comm).allreduce_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset, path=path, out=x,
+                                   residual_out=residual)
 
 
 def _fake_pair(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,8 +99,13 @@ def _fake_one(x: torch.Tensor, *args: Any) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def _fake_none(*args: Any) -> None:
+    return None
+
+
 _KERNELS = {"allreduce_rmsnorm": (_allreduce_rmsnorm, _fake_pair), "allreduce": (_allreduce, _fake_one),
-            "add_rmsnorm": (_add_rmsnorm, _fake_pair)}
+            "add_rmsnorm": (_add_rmsnorm, _fake_pair), "add_rmsnorm_": (_add_rmsnorm_, _fake_none),
+            "allreduce_rmsnorm_": (_allreduce_rmsnorm_, _fake_none)}
 
 _library = torch.library.Library("fused_ar", "DEF")
 for _name, _schema in SCHEMAS.items():

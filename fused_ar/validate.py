@@ -1,7 +1,9 @@
-"""Input rules shared by every op (local and, later, the communicator's): checked before any launch.
+"""Input rules shared by every op (the local add_rmsnorm, the communicator's ops, the fallback's epilogue):
+checked before any launch.
 
-Each violation raises InputError naming the offending value and the rule. Nothing here allocates,
-compiles or launches. Device placement is checked last, so every other rule is checkable anywhere.
+Tensors are rows: any leading dimensions over a last dimension n of unit stride, rows a uniform stride apart
+(at least n). Each violation raises InputError naming the offending value and the rule. Nothing here
+allocates, compiles or launches. Device placement is checked last, so every other rule is checkable anywhere.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import InputError, NoGpuError, UnsupportedShapeError
-from .spec import DEFAULT_PACK, DType
+from .errors import InputError, NoGpuError
+from .spec import DEFAULT_PACK, DType, WeightKind
 
 INT32_MAX = 2**31 - 1
 
@@ -21,6 +23,7 @@ class RowsShape:
     dtype: DType
     rows: int
     cols: int
+    row_stride: int  # elements between row starts (n for contiguous rows)
 
 
 def require_gpu(what: str) -> None:
@@ -77,9 +80,31 @@ def check_eps(eps: Any) -> float:
     return eps
 
 
-def check_rows(name: str, x: Any, pack: int = DEFAULT_PACK, *, kernel: bool = True) -> RowsShape:
-    """x: a contiguous tensor of rows (any leading dims, last dim n > 0). With `kernel`, also what the
-    kernels take (kernel_limits); the communicator's fallback serves the rest."""
+def check_offset(offset: Any) -> float:
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+        raise InputError(f"weight_offset={offset!r} must be a finite real number (0 by default, 1 for Gemma)")
+    return float(offset)
+
+
+def row_stride(t: Any) -> Optional[int]:
+    """The uniform distance between the rows of t (its last dimension, unit stride, is a row), or None when
+    t is not laid out as such rows. Dimensions of size 1 may have any stride."""
+    shape, strides = t.shape, t.stride()
+    cols = shape[-1]
+    if cols > 1 and strides[-1] != 1:
+        return None
+    dims = [(n, st) for n, st in zip(shape[:-1], strides[:-1]) if n != 1]
+    if not dims:
+        return cols
+    for (n_outer, st_outer), (n_inner, st_inner) in zip(dims, dims[1:]):
+        if st_outer != st_inner * n_inner:
+            return None
+    stride = dims[-1][1]
+    return stride if stride >= cols else None
+
+
+def check_rows(name: str, x: Any) -> RowsShape:
+    """x: a tensor of rows (any leading dims over n > 0, rows at least n apart, unit stride along n)."""
     _tensor(name, x)
     try:
         dtype = DType.parse(x.dtype)
@@ -87,53 +112,72 @@ def check_rows(name: str, x: Any, pack: int = DEFAULT_PACK, *, kernel: bool = Tr
         raise InputError(f"{name} has dtype {x.dtype}; fused_ar takes bfloat16, float16 or float32") from None
     if x.dim() < 1:
         raise InputError(f"{name} has shape {tuple(x.shape)}: it needs at least one dimension (n)")
-    if not x.is_contiguous():
-        raise InputError(f"{name} with shape {tuple(x.shape)} and strides {x.stride()} is not contiguous")
     cols = x.shape[-1]
-    rows = x.numel() // cols if cols else 0
     if cols == 0:
         raise InputError(f"{name} has n=0: n must be positive")
+    rows = x.numel() // cols
+    stride = row_stride(x)
+    if stride is None:
+        raise InputError(f"{name} with shape {tuple(x.shape)} and strides {x.stride()} is not rows: the last "
+                         "dimension must have stride 1 and the rows one stride of at least n apart")
     if cols > INT32_MAX or rows > INT32_MAX:
         raise InputError(f"{name} has shape {tuple(x.shape)}: rows and n must each fit in int32")
-    problem = kernel_limits(name, x, pack) if kernel else None
-    if problem is not None:
-        raise UnsupportedShapeError(problem)
-    return RowsShape(dtype, rows, cols)
+    return RowsShape(dtype, rows, cols, stride)
 
 
-def kernel_limits(name: str, x: Any, pack: int = DEFAULT_PACK) -> Optional[str]:
-    """What the kernels cannot take in a valid tensor of rows (row width, alignment), or None."""
-    per_pack = pack // x.element_size()
-    if x.shape[-1] % per_pack:
-        return (f"{name} has n={x.shape[-1]}: n must be a positive multiple of {per_pack} for "
-                f"{DType.parse(x.dtype).value} ({pack}-byte accesses)")
-    if x.data_ptr() % pack:
-        return (f"{name} starts at address {x.data_ptr():#x}, not {pack}-byte aligned (a view at an odd "
-                "offset?); pass a contiguous copy")
-    return None
-
-
-def first_kernel_limit(tensors: dict[str, Any]) -> Optional[str]:
-    for name, t in tensors.items():
-        problem = kernel_limits(name, t.reshape(-1) if t.dim() == 0 else t)
-        if problem is not None:
-            return problem
-    return None
-
-
-def check_like(name: str, t: Any, ref_name: str, ref: Any, *, kernel: bool = True) -> None:
-    """t must be a tensor of ref's dtype and shape (device is checked by check_devices)."""
+def check_like(name: str, t: Any, ref_name: str, ref: Any) -> RowsShape:
+    """t must be rows of ref's dtype and shape, with a row layout of its own (device: check_devices)."""
     _tensor(name, t)
     if t.dtype != ref.dtype:
         raise InputError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
     if tuple(t.shape) != tuple(ref.shape):
         raise InputError(f"{name} has shape {tuple(t.shape)} but {ref_name} has {tuple(ref.shape)}; they must match")
-    check_rows(name, t, kernel=kernel)
+    return check_rows(name, t)
+
+
+def check_weight(weight: Any, x_dtype: DType, cols: int) -> WeightKind:
+    """None (ones), x's dtype, or fp32 with a 16-bit x; 1-D of length n, unit stride."""
+    if weight is None:
+        return WeightKind.NONE
+    _tensor("weight", weight)
+    if weight.dim() != 1 or weight.shape[0] != cols:
+        raise InputError(f"weight has shape {tuple(weight.shape)}; it must be 1-D of length n={cols}")
+    if cols > 1 and weight.stride(0) != 1:
+        raise InputError(f"weight has stride {weight.stride()}; it must have unit stride")
+    name = str(weight.dtype).removeprefix("torch.")
+    if name == x_dtype.torch_name:
+        return WeightKind.SAME
+    if name == "float32" and x_dtype.itemsize == 2:
+        return WeightKind.FP32
+    raise InputError(f"weight has dtype {weight.dtype} but x has {x_dtype.torch_name}: the weight takes x's dtype, "
+                     "or float32 with a 16-bit x")
+
+
+@dataclass(frozen=True)
+class RmsnormCall:
+    """What validation learned of one add + RMSNorm call."""
+
+    x: RowsShape
+    residual_stride: Optional[int]  # None: no residual
+    weight: WeightKind
+    eps: float
+    offset: float
+    out_stride: Optional[int] = None  # given outputs' layouts (None: allocated, contiguous)
+    residual_out_stride: Optional[int] = None
+    inplace: bool = False  # an output is its input (out is x, residual_out is residual)
+
+
+def check_rmsnorm_inputs(x: Any, residual: Any, weight: Any, eps: Any, offset: Any = 0.0) -> RmsnormCall:
+    shape = check_rows("x", x)
+    residual_stride = None if residual is None else check_like("residual", residual, "x", x).row_stride
+    kind = check_weight(weight, shape.dtype, shape.cols)
+    return RmsnormCall(shape, residual_stride, kind, check_eps(eps), check_offset(offset))
 
 
 def check_devices(**tensors: Any) -> None:
-    """All tensors on one GPU (torch calls both CUDA and ROCm devices 'cuda')."""
-    (first_name, first), *rest = tensors.items()
+    """All tensors on one GPU (torch calls both CUDA and ROCm devices 'cuda'); None entries are absent."""
+    given = [(name, t) for name, t in tensors.items() if t is not None]
+    (first_name, first), *rest = given
     if first.device.type != "cuda":
         raise InputError(f"{first_name} is on {first.device}; fused_ar ops run on GPU tensors")
     for name, t in rest:
@@ -141,35 +185,83 @@ def check_devices(**tensors: Any) -> None:
             raise InputError(f"{name} is on {t.device} but {first_name} is on {first.device}")
 
 
-def check_outputs(inputs: dict[str, Any], outputs: dict[str, Optional[Any]], ref: Any, *,
-                  kernel: bool = True) -> None:
-    """Caller-provided outputs: the shape and dtype of x, and sharing memory with no input or each other."""
-    given = {k: v for k, v in outputs.items() if v is not None}
-    for name, t in given.items():
-        check_like(name, t, "x", ref, kernel=kernel)
-    seen = list(inputs.items())
-    for name, t in given.items():
+# Outputs that may be the very same memory as an input (in place, as vLLM's fused_add_rms_norm writes x and
+# residual): each element is read before it is written, by the same thread.
+IN_PLACE = {("out", "x"), ("residual_out", "residual")}
+
+
+def check_outputs(inputs: dict[str, Any], outputs: dict[str, Optional[Any]], ref: Any,
+                  in_place: Optional[set] = None) -> dict[str, RowsShape]:
+    """Caller-provided outputs: rows of x's shape and dtype, sharing no memory with an input or each other,
+    except an output that is exactly its input where `in_place` (default IN_PLACE) allows it. Returns the
+    layouts of the given outputs."""
+    allowed = IN_PLACE if in_place is None else in_place
+    layouts = {name: check_like(name, t, "x", ref) for name, t in outputs.items() if t is not None}
+    seen = [(k, v) for k, v in inputs.items() if v is not None]
+    for name, t in ((k, v) for k, v in outputs.items() if v is not None):
         for other_name, other in seen:
-            if _overlaps(t, other):
-                raise InputError(f"{name} overlaps {other_name}: the op is out-of-place, outputs must not alias")
+            if same_memory(t, other) and (name, other_name) in allowed:
+                continue
+            if overlaps(t, other):
+                rule = " (only out=x and residual_out=residual may be the very same tensor)" if allowed else ""
+                raise InputError(f"{name} overlaps {other_name}: outputs must not alias the inputs or each other{rule}")
         seen.append((name, t))
+    return layouts
 
 
-def _overlaps(a: Any, b: Any) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
-    return a.device == b.device and a0 < b1 and b0 < a1
+def same_memory(a: Any, b: Any) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and a.device == b.device)
 
 
-def check_rmsnorm_inputs(x: Any, residual: Any, weight: Any, eps: Any, *,
-                         kernel: bool = True) -> tuple[RowsShape, float]:
-    shape = check_rows("x", x, kernel=kernel)
-    check_like("residual", residual, "x", x, kernel=kernel)
-    _tensor("weight", weight)
-    if weight.dtype != x.dtype:
-        raise InputError(f"weight has dtype {weight.dtype} but x has {x.dtype}; they must match")
-    if weight.dim() != 1 or weight.shape[0] != shape.cols:
-        raise InputError(f"weight has shape {tuple(weight.shape)}; it must be 1-D of length n={shape.cols}")
-    check_rows("weight", weight, kernel=kernel)
-    eps = check_eps(eps)
-    return shape, eps
+def _span(t: Any) -> tuple[int, int, int, int]:
+    """(first byte, one past the last byte, row stride in bytes, row bytes) of a tensor of rows."""
+    cols = t.shape[-1] if t.dim() else 1
+    rows = t.numel() // cols if cols else 0
+    stride = row_stride(t) if t.dim() else 1
+    size = t.element_size()
+    start = t.data_ptr()
+    end = start + ((rows - 1) * stride + cols) * size if rows else start
+    return start, end, (stride or cols) * size, cols * size
+
+
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two tensors of rows share a byte. Exact for rows at one stride (two halves of a wider
+    buffer are disjoint); otherwise whether their spans meet."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, a1, sa, wa = _span(a)
+    b0, b1, sb, wb = _span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    if sa != sb or sa == 0:
+        return True
+    lo, hi, w_lo, w_hi = (a0, b0, wa, wb) if a0 <= b0 else (b0, a0, wb, wa)
+    r = (hi - lo) % sa  # where the later tensor's rows start within the earlier one's row period
+    return r < w_lo or sa - r < w_hi
+
+
+# -- what the kernels take ------------------------------------------------------------------------------
+def row_pack(itemsize: int, pointers: list[int], strides: list[int]) -> int:
+    """add_rmsnorm's bytes per access: 16 where every row start is 16-byte aligned, else one element."""
+    if all(p % DEFAULT_PACK == 0 for p in pointers) and all(st * itemsize % DEFAULT_PACK == 0 for st in strides):
+        return DEFAULT_PACK
+    return itemsize
+
+
+def cross_gpu_limit(cols: int, dtype: DType, named: dict[str, Any]) -> Optional[str]:
+    """What the cross-GPU kernels cannot take (they move whole 16-byte packs; x itself is copied into the
+    staging buffer, or read in place where it is contiguous), or None: the communicator then serves the
+    call through its fallback, or refuses a forced path."""
+    per_pack = DEFAULT_PACK // dtype.itemsize
+    if cols % per_pack:
+        return (f"x has n={cols}: the cross-GPU kernels take a multiple of {per_pack} for {dtype.value} "
+                f"({DEFAULT_PACK}-byte accesses)")
+    for name, t in named.items():
+        if t is None:
+            continue
+        stride = row_stride(t) if t.dim() else 1
+        if t.data_ptr() % DEFAULT_PACK or (stride or 0) * t.element_size() % DEFAULT_PACK:
+            return (f"{name} has rows at address {t.data_ptr():#x} with stride {stride}: the cross-GPU kernels "
+                    f"need every row {DEFAULT_PACK}-byte aligned (a view at an odd offset?)")
+    return None

@@ -1,5 +1,6 @@
 // allreduce_rmsnorm: ar = T(sum over ranks of x_r, fp32, rank order); residual_out = T(ar + residual);
-// out = RMSNorm(residual_out) * weight (docs/design.md section 1). Block b owns rows b, b + grid, ... on every
+// out = RMSNorm(residual_out) * (weight + offset) (docs/design.md sections 1 and 1b); residual and the
+// outputs have their own row strides (elements), the inputs are contiguous (staged or registered). Block b owns rows b, b + grid, ... on every
 // rank. FA_TWO_STAGE 0 (one-stage, small m): every rank reads whole rows from all N inputs.
 // FA_TWO_STAGE 1: stage 1 reduces this rank's 1/N of each owned row's packs and stores the T result into
 // every rank's tmp; a barrier; stage 2 runs add + RMSNorm on the complete rows in the local tmp.
@@ -8,52 +9,37 @@
 #include "fa_reduce.h"
 #include "fa_peers.h"
 
-// Packs per thread kept in registers between the sum of squares and the scaling (as in add_rmsnorm).
-FA_INLINE void fa_rmsnorm_rows_from(const fa_peers_t* peers, const fa_elem_t* local_tmp, fa_elem_t* out,
-                                    fa_elem_t* residual_out, const fa_elem_t* residual, const fa_elem_t* weight,
-                                    int row, int packs, int cols, float eps) {
-  const int tid = fa_thread_id();
-  const fa_i64 base = (fa_i64)row * packs;
-  fa_pack_t ros[FA_REG_PACKS];
-  fa_norm_t sumsq = 0;
-#pragma unroll
-  for (int k = 0; k < FA_REG_PACKS; ++k) {
-    const int p = tid + k * FA_BLOCK;
-    if (p < packs) {
-      float ar[FA_PACK_ELEMS];
-#if FA_TWO_STAGE
-      fa_unpack(fa_load_pack_peer(local_tmp, base + p), ar);  // already T(sum over ranks)
+#if FA_INPLACE  // residual_out may be residual: no __restrict__ on the two
+#define FA_RESTRICT
 #else
-      fa_allreduce_pack(peers, base + p, ar);
+#define FA_RESTRICT __restrict__
 #endif
-      ros[k] = fa_residual_add(ar, fa_load_pack(residual, base + p), sumsq);
-      fa_store_pack(residual_out, base + p, ros[k]);
-    }
-  }
-  for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
+
+// Where a row's values come from: every rank's input, summed in fp32 in rank order and rounded to T
+// (one-stage), or this rank's tmp buffer, which stage 1 filled with those sums (two-stage). Rows are
+// whole packs (the communicator routes other widths to the fallback).
+struct fa_peer_source_t {
+  static constexpr bool has_tail = false;
+  const fa_peers_t* peers;
+  const fa_elem_t* local_tmp;
+  fa_i64 base;  // the row's first pack in the contiguous inputs / tmp
+  FA_INLINE fa_pack_t load(int pack) const {
+#if FA_TWO_STAGE
+    return fa_load_pack_peer(local_tmp, base + pack);  // already T(sum over ranks)
+#else
     float ar[FA_PACK_ELEMS];
-#if FA_TWO_STAGE
-    fa_unpack(fa_load_pack_peer(local_tmp, base + p), ar);
-#else
-    fa_allreduce_pack(peers, base + p, ar);
+    fa_allreduce_pack(peers, base + pack, ar);
+    return fa_pack(ar);
 #endif
-    fa_store_pack(residual_out, base + p, fa_residual_add(ar, fa_load_pack(residual, base + p), sumsq));
   }
-  const fa_norm_t inv_rms = fa_inv_rms(fa_block_reduce_sum<FA_BLOCK>(sumsq), cols, eps);
-#pragma unroll
-  for (int k = 0; k < FA_REG_PACKS; ++k) {
-    const int p = tid + k * FA_BLOCK;
-    if (p < packs) fa_store_pack(out, base + p, fa_normalize(ros[k], fa_load_pack(weight, p), inv_rms));
-  }
-  for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
-    fa_store_pack(out, base + p, fa_normalize(fa_load_pack(residual_out, base + p), fa_load_pack(weight, p), inv_rms));
-  }
-}
+  FA_INLINE float load_elem(int) const { return 0.0f; }
+};
 
 extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_peers_t* __restrict__ peers, int rank, fa_elem_t* __restrict__ out,
-    fa_elem_t* __restrict__ residual_out, const fa_elem_t* __restrict__ residual,
-    const fa_elem_t* __restrict__ weight, int rows, int cols, float eps, fa_i64 timeout_ns) {
+    fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT residual,
+    const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
+    fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_i64 timeout_ns) {
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
   const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);
@@ -77,7 +63,10 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   const fa_elem_t* const local_tmp = nullptr;
 #endif
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
-    fa_rmsnorm_rows_from(peers, local_tmp, out, residual_out, residual, weight, row, packs, cols, eps);
+    const fa_peer_source_t src = {peers, local_tmp, (fa_i64)row * packs};
+    const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
+                            residual + row * residual_stride, weight};
+    fa_add_rmsnorm_row(src, io, cols, eps, weight_offset);
   }
   if (fa_barrier(bar, FA_PHASE_END)) fa_barrier_end(bar);  // no peer still reads this rank's input or writes its tmp
 }

@@ -1,20 +1,63 @@
-// fa_rmsnorm.h: the residual add + RMSNorm epilogue of docs/design.md section 1, one pack at a time.
-// Shared by the local add_rmsnorm kernel and the fused all-reduce kernels, which feed it their
-// all-reduced values; it never touches a peer's memory.
+// fa_rmsnorm.h: the residual add + RMSNorm of one row (docs/design.md sections 1 and 1b), shared by the
+// local add_rmsnorm kernel and the fused all-reduce kernels, which differ only in where a row's values come
+// from (a Source: x itself, every rank's input, the local two-stage buffer). It never touches a peer's
+// memory itself. Rendering defines FA_WEIGHT (FA_WEIGHT_SAME | FP32 | NONE), FA_RESIDUAL (0: no residual
+// add, residual_out = the row's values) and FA_REG_PACKS.
 #pragma once
 #include "fa_types.h"
+#include "fa_reduce.h"
 
-// residual_out = T(ar + residual), returned as a pack; sumsq accumulates float(residual_out)^2.
-// Callers keep the T pack, not floats, for the scaling pass: half the registers for 16-bit T.
-FA_INLINE fa_pack_t fa_residual_add(const float (&ar)[FA_PACK_ELEMS], const fa_pack_t& residual, fa_norm_t& sumsq) {
+#define FA_WEIGHT_SAME 0  // weight has x's dtype
+#define FA_WEIGHT_FP32 1  // fp32 weight with a 16-bit T (Gemma checkpoints in vLLM)
+#define FA_WEIGHT_NONE 2  // no weight: a weight of ones, never read
+
+#if FA_WEIGHT == FA_WEIGHT_FP32 && FA_ELEM_BYTES == 2
+typedef float fa_weight_t;
+// One pack's weights: FA_PACK_ELEMS floats, loaded in 16-byte (or narrower) accesses.
+struct alignas(FA_PACK_ELEMS * 4 < 16 ? FA_PACK_ELEMS * 4 : 16) fa_wpack_t {
   float v[FA_PACK_ELEMS];
-  fa_unpack(residual, v);
+};
+FA_INLINE void fa_unpack_weight(const fa_wpack_t& p, float (&w)[FA_PACK_ELEMS]) {
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) w[i] = p.v[i];
+}
+FA_INLINE float fa_weight_elem(const fa_weight_t* weight, int col) { return weight[col]; }
+#elif FA_WEIGHT == FA_WEIGHT_NONE
+typedef fa_elem_t fa_weight_t;
+struct fa_wpack_t {};
+FA_INLINE void fa_unpack_weight(const fa_wpack_t&, float (&w)[FA_PACK_ELEMS]) {
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) w[i] = 1.0f;
+}
+FA_INLINE float fa_weight_elem(const fa_weight_t*, int) { return 1.0f; }
+#else
+typedef fa_elem_t fa_weight_t;
+typedef fa_pack_t fa_wpack_t;
+FA_INLINE void fa_unpack_weight(const fa_wpack_t& p, float (&w)[FA_PACK_ELEMS]) { fa_unpack(p, w); }
+FA_INLINE float fa_weight_elem(const fa_weight_t* weight, int col) { return fa_load_elem(weight, col); }
+#endif
+
+FA_INLINE fa_wpack_t fa_load_wpack(const fa_weight_t* weight, int pack) {
+#if FA_WEIGHT == FA_WEIGHT_NONE
+  return fa_wpack_t{};
+#else
+  return reinterpret_cast<const fa_wpack_t*>(weight)[pack];
+#endif
+}
+
+// residual_out = T(ar + residual) (T(ar) without a residual), as floats; sumsq accumulates its squares.
+FA_INLINE void fa_residual_add(float (&v)[FA_PACK_ELEMS], const fa_pack_t& residual, fa_norm_t& sumsq) {
+#if FA_RESIDUAL
+  float r[FA_PACK_ELEMS];
+  fa_unpack(residual, r);
+#endif
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) {
-    v[i] = fa_round_to_elem(ar[i] + v[i]);
+#if FA_RESIDUAL
+    v[i] = fa_round_to_elem(v[i] + r[i]);
+#endif
     sumsq += (fa_norm_t)v[i] * (fa_norm_t)v[i];
   }
-  return fa_pack(v);
 }
 
 // 1 / sqrt(mean + eps) from the row's sum of squares, with IEEE division and square root in fa_norm_t.
@@ -23,15 +66,120 @@ FA_INLINE fa_norm_t fa_inv_rms(fa_norm_t sumsq, int cols, float eps) {
   return (fa_norm_t)1 / fa_sqrt(mean + (fa_norm_t)eps);
 }
 
-// out = T(residual_out * inv_rms * weight).
-FA_INLINE fa_pack_t fa_normalize(const fa_pack_t& residual_out, const fa_pack_t& weight, fa_norm_t inv_rms) {
+// residual_out * inv_rms * (weight + offset), before rounding to T; offset 0 multiplies by the weight
+// itself (a -0 weight keeps its sign, as in the unfused pipeline).
+FA_INLINE float fa_scale(float ro, float w, fa_norm_t inv_rms, float offset) {
+  const fa_norm_t factor = offset == 0.0f ? (fa_norm_t)w : (fa_norm_t)w + (fa_norm_t)offset;
+  return (float)((fa_norm_t)ro * inv_rms * factor);
+}
+
+FA_INLINE fa_pack_t fa_normalize(const fa_pack_t& residual_out, const fa_wpack_t& weight, fa_norm_t inv_rms,
+                                 float offset) {
   float v[FA_PACK_ELEMS];
   float w[FA_PACK_ELEMS];
   fa_unpack(residual_out, v);
-  fa_unpack(weight, w);
+  fa_unpack_weight(weight, w);
 #pragma unroll
-  for (int i = 0; i < FA_PACK_ELEMS; ++i) {
-    v[i] = (float)((fa_norm_t)v[i] * inv_rms * (fa_norm_t)w[i]);
-  }
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) v[i] = fa_scale(v[i], w[i], inv_rms, offset);
   return fa_pack(v);
+}
+
+FA_INLINE fa_pack_t fa_load_residual(const fa_elem_t* residual, int pack) {
+#if FA_RESIDUAL
+  return fa_load_pack(residual, pack);
+#else
+  return fa_pack_t{};
+#endif
+}
+
+// Where the rows of the local add_rmsnorm come from: x itself, with its own row stride. Any number of
+// columns: packs, then a tail of fewer than FA_PACK_ELEMS columns, one per thread.
+struct fa_local_source_t {
+  static constexpr bool has_tail = true;
+  const fa_elem_t* row;
+  FA_INLINE fa_pack_t load(int pack) const { return fa_load_pack(row, pack); }
+  FA_INLINE float load_elem(int col) const { return fa_load_elem(row, col); }
+};
+
+// The output side of one row: the rows it reads or writes, already offset by their row strides.
+struct fa_row_io_t {
+  fa_elem_t* out;
+  fa_elem_t* residual_out;
+  const fa_elem_t* residual;
+  const fa_weight_t* weight;
+};
+
+// One row: residual_out = T(ar + residual), out = T(residual_out * inv_rms * (weight + offset)), ar the
+// Source's values (already T). All loads of a thread's first FA_REG_PACKS packs (values, residual, weight)
+// are issued before its first store, so they are in flight together whatever the compiler may assume about
+// aliasing; those packs stay in registers until the scaling. Wider rows re-read their own residual_out (this
+// thread's writes). Each element is read before it is written, by the same thread, so residual_out may be
+// residual and (locally) out may be x: kernels built for that (FA_INPLACE) only drop __restrict__.
+template <class Source>
+FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int cols, float eps, float offset) {
+  const int tid = fa_thread_id();
+  const int packs = cols / FA_PACK_ELEMS;
+  fa_pack_t vs[FA_REG_PACKS];
+  fa_pack_t rs[FA_REG_PACKS];
+  fa_wpack_t ws[FA_REG_PACKS];
+#pragma unroll
+  for (int k = 0; k < FA_REG_PACKS; ++k) {
+    const int p = tid + k * FA_BLOCK;
+    if (p < packs) {
+      vs[k] = src.load(p);
+      rs[k] = fa_load_residual(io.residual, p);
+      ws[k] = fa_load_wpack(io.weight, p);
+    }
+  }
+  fa_norm_t sumsq = 0;
+#pragma unroll
+  for (int k = 0; k < FA_REG_PACKS; ++k) {
+    const int p = tid + k * FA_BLOCK;
+    if (p < packs) {
+      float v[FA_PACK_ELEMS];
+      fa_unpack(vs[k], v);
+      fa_residual_add(v, rs[k], sumsq);
+      rs[k] = fa_pack(v);  // rs[k] now holds residual_out
+      fa_store_pack(io.residual_out, p, rs[k]);
+    }
+  }
+  for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
+    float v[FA_PACK_ELEMS];
+    fa_unpack(src.load(p), v);
+    fa_residual_add(v, fa_load_residual(io.residual, p), sumsq);
+    fa_store_pack(io.residual_out, p, fa_pack(v));
+  }
+  // The tail: column packs * FA_PACK_ELEMS + tid, for the threads below its width. Its residual_out is
+  // re-read after the reduction (this thread's own write) rather than held across it: holding it made
+  // ptxas spill.
+  if constexpr (Source::has_tail) {
+    const int tail_col = packs * FA_PACK_ELEMS + tid;
+    if (tail_col < cols) {
+      float v = src.load_elem(tail_col);
+#if FA_RESIDUAL
+      v = fa_round_to_elem(v + fa_load_elem(io.residual, tail_col));
+#endif
+      sumsq += (fa_norm_t)v * (fa_norm_t)v;
+      fa_store_elem(io.residual_out, tail_col, v);
+    }
+  }
+
+  const fa_norm_t inv_rms = fa_inv_rms(fa_block_reduce_sum<FA_BLOCK>(sumsq), cols, eps);
+
+#pragma unroll
+  for (int k = 0; k < FA_REG_PACKS; ++k) {
+    const int p = tid + k * FA_BLOCK;
+    if (p < packs) fa_store_pack(io.out, p, fa_normalize(rs[k], ws[k], inv_rms, offset));
+  }
+  for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
+    fa_store_pack(io.out, p, fa_normalize(fa_load_pack(io.residual_out, p), fa_load_wpack(io.weight, p), inv_rms,
+                                          offset));
+  }
+  if constexpr (Source::has_tail) {
+    const int tail_col = packs * FA_PACK_ELEMS + tid;
+    if (tail_col < cols) {
+      const float ro = fa_load_elem(io.residual_out, tail_col);
+      fa_store_elem(io.out, tail_col, fa_scale(ro, fa_weight_elem(io.weight, tail_col), inv_rms, offset));
+    }
+  }
 }

@@ -22,16 +22,23 @@ typedef float fa_norm_t;
 #error "FA_DTYPE must be FA_DTYPE_FP32, FA_DTYPE_FP16 or FA_DTYPE_BF16"
 #endif
 
-#if FA_PACK_BYTES % 4 != 0 || FA_PACK_BYTES < FA_ELEM_BYTES || FA_PACK_BYTES > 16
-#error "FA_PACK_BYTES must be 4, 8 or 16"
+#if FA_PACK_BYTES < FA_ELEM_BYTES || FA_PACK_BYTES > 16 || (FA_PACK_BYTES % 4 != 0 && FA_PACK_BYTES != 2)
+#error "FA_PACK_BYTES must be 2 (one 16-bit element), 4, 8 or 16"
 #endif
-#define FA_PACK_WORDS (FA_PACK_BYTES / 4)
 #define FA_PACK_ELEMS (FA_PACK_BYTES / FA_ELEM_BYTES)
 
+#if FA_PACK_BYTES >= 4
+#define FA_PACK_WORDS (FA_PACK_BYTES / 4)
 // A pack is held as 32-bit words so that one load or store of it is one FA_PACK_BYTES-wide access.
 struct alignas(FA_PACK_BYTES) fa_pack_t {
   fa_u32 w[FA_PACK_WORDS];
 };
+#else
+// One 16-bit element: the pack of rows whose starts are only 2-byte aligned (add_rmsnorm, any layout).
+struct fa_pack_t {
+  fa_u16 h;
+};
+#endif
 
 FA_INLINE float fa_elem_to_float(fa_u32 bits) {
 #if FA_DTYPE == FA_DTYPE_FP32
@@ -57,6 +64,9 @@ FA_INLINE fa_u32 fa_float_to_elem(float v) {
 FA_INLINE float fa_round_to_elem(float v) { return fa_elem_to_float(fa_float_to_elem(v)); }
 
 FA_INLINE void fa_unpack(const fa_pack_t& p, float (&v)[FA_PACK_ELEMS]) {
+#if FA_PACK_BYTES == 2
+  v[0] = fa_elem_to_float(p.h);
+#else
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) {
 #if FA_ELEM_BYTES == 4
@@ -65,10 +75,14 @@ FA_INLINE void fa_unpack(const fa_pack_t& p, float (&v)[FA_PACK_ELEMS]) {
     v[i] = fa_elem_to_float((p.w[i / 2] >> (16 * (i % 2))) & 0xffffu);
 #endif
   }
+#endif
 }
 
 FA_INLINE fa_pack_t fa_pack(const float (&v)[FA_PACK_ELEMS]) {
   fa_pack_t p;
+#if FA_PACK_BYTES == 2
+  p.h = (fa_u16)fa_float_to_elem(v[0]);
+#else
 #pragma unroll
   for (int i = 0; i < FA_PACK_WORDS; ++i) {
 #if FA_ELEM_BYTES == 4
@@ -77,7 +91,25 @@ FA_INLINE fa_pack_t fa_pack(const float (&v)[FA_PACK_ELEMS]) {
     p.w[i] = fa_float_to_elem(v[2 * i]) | (fa_float_to_elem(v[2 * i + 1]) << 16);
 #endif
   }
+#endif
   return p;
+}
+
+// One element of a row, as a float, and back (the tail of a row that is not a whole number of packs).
+FA_INLINE float fa_load_elem(const fa_elem_t* base, fa_i64 index) {
+#if FA_ELEM_BYTES == 4
+  return base[index];
+#else
+  return fa_elem_to_float(base[index]);
+#endif
+}
+
+FA_INLINE void fa_store_elem(fa_elem_t* base, fa_i64 index, float v) {
+#if FA_ELEM_BYTES == 4
+  base[index] = v;
+#else
+  base[index] = (fa_u16)fa_float_to_elem(v);
+#endif
 }
 
 FA_INLINE fa_pack_t fa_load_pack(const fa_elem_t* base, fa_i64 pack_index) {
@@ -88,6 +120,7 @@ FA_INLINE void fa_store_pack(fa_elem_t* base, fa_i64 pack_index, const fa_pack_t
   reinterpret_cast<fa_pack_t*>(base)[pack_index] = p;
 }
 
+#if FA_PACK_BYTES >= 4  // the cross-GPU kernels take whole 4-byte words
 // Packs in a peer's buffer (another GPU's or process's memory, or the local tmp buffer peers write):
 // explicitly global and cached in L2 only, since the pointers come from a table (the compiler cannot
 // infer their address space) and L1 is not coherent with writes made by other GPUs.
@@ -135,3 +168,4 @@ FA_INLINE void fa_store_pack_peer(fa_elem_t* base, fa_i64 pack_index, const fa_p
 #endif
 #endif
 }
+#endif

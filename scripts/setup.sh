@@ -22,7 +22,7 @@ first_available() {  # the first of the named packages this release offers
 }
 
 need=()
-for tool in clang-19 ld.lld-19 llvm-objdump-19 llvm-readelf-19; do
+for tool in clang-19 ld.lld-19 llvm-objdump-19 llvm-readelf-19 opt-19; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 so_path() { ldconfig -p | awk -v re="$1" '$1 ~ re {print $NF}' | sort | head -1; }

@@ -11,13 +11,13 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from fused_ar.errors import FusedArError, InputError, MismatchError, PeerTimeoutError, UnsupportedShapeError
+from fused_ar.errors import FusedArError, InputError, MismatchError, PeerTimeoutError
 from fused_ar.kernels import CROSS_GPU_NGPUS, ERROR_MISMATCH, ERROR_TIMEOUT, ERROR_UNREGISTERED, REPORT_WORDS
 from fused_ar.policy import FallbackLog, Path, choose_path, group_fallback_reason
 from fused_ar.probe import remembered
 from fused_ar.report import describe_call, pending_exception
 from fused_ar.spec import DType, Op, Platform
-from fused_ar.validate import check_rmsnorm_inputs, first_kernel_limit
+from fused_ar.validate import check_rmsnorm_inputs, cross_gpu_limit
 
 MAX = 1 << 20
 
@@ -46,20 +46,20 @@ def test_call_rules_size_shape_group_and_request(path):
         choose_path("3stage", Platform.CUDA, 8, 64, MAX)
 
 
-def test_unsupported_shapes_are_named_and_valid_input_still_checked():
+def test_what_the_cross_gpu_kernels_take_is_named_and_valid_input_still_checked():
     x = torch.randn(3, 1004, dtype=torch.bfloat16)  # 1004 bf16 is not whole 16-byte packs
     residual, weight = torch.randn_like(x), torch.rand(1004, dtype=torch.bfloat16)
-    shape, eps = check_rmsnorm_inputs(x, residual, weight, 1e-6, kernel=False)
-    assert (shape.rows, shape.cols, eps) == (3, 1004, 1e-6)
-    assert "n=1004: n must be a positive multiple of 8 for bf16" in first_kernel_limit({"x": x})
-    with pytest.raises(UnsupportedShapeError):
-        check_rmsnorm_inputs(x, residual, weight, 1e-6)
+    call = check_rmsnorm_inputs(x, residual, weight, 1e-6)
+    assert (call.x.rows, call.x.cols, call.eps, call.residual_stride) == (3, 1004, 1e-6, 1004)
+    assert "n=1004: the cross-GPU kernels take a multiple of 8 for bf16" in cross_gpu_limit(1004, DType.BF16, {})
     with pytest.raises(InputError, match="weight has shape"):  # the fallback never hides bad input
-        check_rmsnorm_inputs(x, residual, weight[:1003], 1e-6, kernel=False)
+        check_rmsnorm_inputs(x, residual, weight[:1003], 1e-6)
     with pytest.raises(InputError, match="eps=-1.0"):
-        check_rmsnorm_inputs(x, residual, weight, -1.0, kernel=False)
+        check_rmsnorm_inputs(x, residual, weight, -1.0)
     odd = torch.randn(4 * 64 + 1, dtype=torch.float32)[1:].view(4, 64)
-    assert "not 16-byte aligned" in first_kernel_limit({"x": odd})
+    assert "16-byte aligned" in cross_gpu_limit(64, DType.FP32, {"residual": odd})
+    assert cross_gpu_limit(64, DType.FP32, {"out": torch.randn(4, 128)[:, :64]}) is None  # rows 512 bytes apart
+    assert "stride 130" in cross_gpu_limit(64, DType.FP32, {"out": torch.randn(4, 130)[:, :64]})
 
 
 def test_each_reason_is_logged_once(caplog):

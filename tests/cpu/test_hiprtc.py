@@ -148,6 +148,7 @@ calls = {
     "free": lambda: rt.free(0, 0),
     "copy_to_device": lambda: rt.copy_to_device(0, b"abcd", 0),
     "copy_async": lambda: rt.copy_async(0, 0, 16, 0x1234),
+    "copy_rows": lambda: rt.copy_rows(0, 32, 0, 64, 32, 4, 0x1234),
     "read_bytes": lambda: rt.read_bytes(0, 16, 0),
     "alloc_host_mapped": lambda: rt.alloc_host_mapped(4096, 0),
     "free_host": lambda: rt.free_host(0, 0),
@@ -176,7 +177,7 @@ for name, call in calls.items():
                           env=dict(os.environ, PYTHONPATH=str(REPO), FUSED_AR_CACHE_DIR=str(tmp_path / "c")))
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
-    assert len(lines) == 18, proc.stdout
+    assert len(lines) == 19, proc.stdout
     for name, result in lines.items():
         assert result.startswith("DeviceError") and "hipError" in result, (name, result)
     assert "hipErrorInvalidHandle" in lines["launch"] or "hipErrorInvalid" in lines["launch"], lines["launch"]

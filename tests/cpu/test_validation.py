@@ -34,15 +34,17 @@ CASES = {
     "fp64": (lambda x, r, w: (x.double(), r.double(), w.double(), 1e-6), "x has dtype torch.float64"),
     "dtype mismatch residual": (lambda x, r, w: (x, r.half(), w, 1e-6),
                                 r"residual has dtype torch.float16 but x has torch.bfloat16"),
-    "dtype mismatch weight": (lambda x, r, w: (x, r, w.float(), 1e-6), r"weight has dtype torch.float32"),
+    "dtype mismatch weight": (lambda x, r, w: (x, r, w.half(), 1e-6), r"weight has dtype torch.float16 but x has "
+                              r"bfloat16: the weight takes x's dtype, or float32 with a 16-bit x"),
+    "bf16 weight, fp32 x": (lambda x, r, w: (x.float(), r.float(), w, 1e-6), r"weight has dtype torch.bfloat16"),
+    "strided weight": (lambda x, r, w: (x, r, torch.randn(128, dtype=x.dtype)[::2], 1e-6), "unit stride"),
     "shape mismatch": (lambda x, r, w: (x, r[:3], w, 1e-6), r"residual has shape \(3, 64\) but x has \(4, 64\)"),
     "weight length": (lambda x, r, w: (x, r, w[:32], 1e-6), r"weight has shape \(32,\); it must be 1-D of length n=64"),
     "weight 2-D": (lambda x, r, w: (x, r, w.view(1, 64), 1e-6), r"weight has shape \(1, 64\)"),
-    "non-contiguous rows": (lambda x, r, w: (torch.randn(64, 4, dtype=x.dtype).t(), r, w, 1e-6), "not contiguous"),
-    "n not a pack multiple": (lambda x, r, w: (x[:, :60].contiguous(), r[:, :60].contiguous(), w[:60].contiguous(),
-                                               1e-6), "n=60: n must be a positive multiple of 8 for bf16"),
-    "misaligned view": (lambda x, r, w: (x.view(-1)[4:4 + 3 * 64].view(3, 64), r[:3], w, 1e-6),
-                        "not 16-byte aligned"),
+    "columns not unit stride": (lambda x, r, w: (torch.randn(64, 4, dtype=x.dtype).t(), r, w, 1e-6), "is not rows"),
+    "rows closer than n": (lambda x, r, w: (x.view(-1).as_strided((4, 64), (32, 1)), r, w, 1e-6), "is not rows"),
+    "residual rows overlap": (lambda x, r, w: (x, r.view(-1).as_strided((4, 64), (0, 1)), w, 1e-6),
+                              "residual with shape .* is not rows"),
     "scalar x": (lambda x, r, w: (x[0, 0], r, w, 1e-6), r"x has shape \(\)"),
     "eps zero": (lambda x, r, w: (x, r, w, 0.0), "eps=0.0 must be finite and > 0"),
     "eps negative": (lambda x, r, w: (x, r, w, -1e-6), "eps=-1e-06"),
@@ -52,6 +54,7 @@ CASES = {
     "eps bool": (lambda x, r, w: (x, r, w, True), "eps=True"),
     "cpu tensors": (lambda x, r, w: (x, r, w, 1e-6), "x is on cpu; fused_ar ops run on GPU tensors"),
 }
+ACCEPTED = "x is on cpu; fused_ar ops run on GPU tensors"  # every rule but the device passed
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -67,9 +70,40 @@ def test_outputs_are_checked():
         ops.add_rmsnorm(x, r, w, out=torch.empty(4, 32, dtype=x.dtype))
     with pytest.raises(InputError, match="residual_out overlaps x"):
         ops.add_rmsnorm(x, r, w, residual_out=x)
+    with pytest.raises(InputError, match="out overlaps residual"):
+        ops.add_rmsnorm(x, r, w, out=r)
     with pytest.raises(InputError, match="residual_out overlaps out"):
         o = torch.empty_like(x)
         ops.add_rmsnorm(x, r, w, out=o, residual_out=o)
+    big = torch.randn(x.numel() + 8, dtype=x.dtype)
+    x2 = big[:x.numel()].view(x.shape)
+    with pytest.raises(InputError, match="out overlaps x"):  # a partial overlap, even in place
+        ops.add_rmsnorm(x2, r, w, out=big[8:8 + x.numel()].view(x.shape))
+    for offset in (float("nan"), float("inf"), "1", None, True):
+        with pytest.raises(InputError, match="weight_offset"):
+            ops.add_rmsnorm(x, r, w, weight_offset=offset)
+
+
+# -- what serving frameworks pass (a peer's RMSNorm test cases) -----------------------------------------
+@pytest.mark.parametrize("tokens", [7, 83])
+@pytest.mark.parametrize("hidden", [8, 768, 769, 5120, 5125, 8192])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "rows of a 2x wide buffer"])
+@pytest.mark.parametrize("weight", ["x's dtype", "fp32", "none"])
+def test_framework_inputs_are_accepted(tokens, hidden, dtype, strided, weight):
+    wide = torch.randn(tokens, 2 * hidden, dtype=dtype)
+    x = wide[:, :hidden] if strided else torch.randn(tokens, hidden, dtype=dtype)
+    residual = torch.randn(tokens, hidden, dtype=dtype)
+    w = {"x's dtype": torch.randn(hidden, dtype=dtype), "fp32": torch.randn(hidden), "none": None}[weight]
+    with pytest.raises(InputError, match=ACCEPTED):
+        ops.add_rmsnorm(x, residual, w, 1e-6)
+    with pytest.raises(InputError, match=ACCEPTED):  # in place, as vLLM's fused_add_rms_norm
+        ops.add_rmsnorm(x, residual, w, 1e-6, out=x, residual_out=residual)
+    with pytest.raises(InputError, match=ACCEPTED):  # no residual
+        ops.add_rmsnorm(x, None, w, 1e-6)
+    if strided:  # outputs in the other half of the wide buffer share no element with x
+        with pytest.raises(InputError, match=ACCEPTED):
+            ops.add_rmsnorm(x, residual, w, 1e-6, out=wide[:, hidden:])
 
 
 def test_devices_must_agree():
@@ -78,18 +112,27 @@ def test_devices_must_agree():
         ops.add_rmsnorm(x, r, w.to("meta"))
 
 
+GOOD_ARGS = (1 << 40, 2, 3, 4, 5, 7, 4096, 1e-6, 1.0, 4096, 4096, 8192, 4096)
+
+
 def test_args_pack_as_c_types():
-    packed = pack_args(ADD_RMSNORM, (1 << 40, 2, 3, 4, 5, 7, 4096, 1e-6))
-    assert [type(v) for v in packed] == [ctypes.c_void_p] * 5 + [ctypes.c_int32, ctypes.c_int32, ctypes.c_float]
-    assert packed[0].value == 1 << 40 and packed[7].value == pytest.approx(1e-6)
+    packed = pack_args(ADD_RMSNORM, GOOD_ARGS)
+    assert [type(v) for v in packed] == [ctypes.c_void_p] * 5 + [ctypes.c_int32] * 2 + [ctypes.c_float] * 2 + \
+        [ctypes.c_int64] * 4
+    assert packed[0].value == 1 << 40 and packed[7].value == pytest.approx(1e-6) and packed[11].value == 8192
+
+
+def _with(index, value):
+    return GOOD_ARGS[:index] + (value,) + GOOD_ARGS[index + 1:]
 
 
 @pytest.mark.parametrize("args,message", [
-    ((1, 2, 3, 4, 5, 7.0, 4096, 1e-6), "argument rows of add_rmsnorm must be an int"),
-    ((1, 2, 3, 4, 5, 2**31, 4096, 1e-6), "rows=2147483648 .* does not fit int"),
-    ((-1, 2, 3, 4, 5, 7, 4096, 1e-6), "out=-1"),
-    ((1, 2, 3, 4, 5, 7, 4096), "takes 8 arguments"),
-    ((1, 2, 3, 4, 5, True, 4096, 1e-6), "argument rows of add_rmsnorm must be an int"),
+    (_with(5, 7.0), "argument rows of add_rmsnorm must be an int"),
+    (_with(5, 2**31), "rows=2147483648 .* does not fit int"),
+    (_with(0, -1), "out=-1"),
+    (GOOD_ARGS[:8], "takes 13 arguments"),
+    (_with(5, True), "argument rows of add_rmsnorm must be an int"),
+    (_with(9, 2**63), "x_stride=9223372036854775808 .* does not fit long long"),
 ])
 def test_bad_launch_args(args, message):
     with pytest.raises(InputError, match=message):
