@@ -5,17 +5,19 @@ from __future__ import annotations
 import torch
 
 
-def add_rmsnorm_reference(xs, residual, weight, eps):
-    """xs: the list of per-rank inputs (one for the local op). Returns (ar, residual_out, out)."""
-    dtype = residual.dtype
-    acc = torch.zeros_like(residual, dtype=torch.float32)
+def add_rmsnorm_reference(xs, residual, weight, eps, weight_offset=0.0):
+    """xs: the list of per-rank inputs (one for the local op); residual and weight may be None (none; ones).
+    Returns (ar, residual_out, out) of docs/design.md sections 1 and 1b."""
+    dtype = xs[0].dtype
+    acc = torch.zeros(xs[0].shape, dtype=torch.float32, device=xs[0].device)
     for x in xs:  # fp32, rank order
         acc = acc + x.float()
     ar = acc.to(dtype)
-    residual_out = (ar.float() + residual.float()).to(dtype)
+    residual_out = ar if residual is None else (ar.float() + residual.float()).to(dtype)
     ro = residual_out.double()
     inv_rms = torch.rsqrt(ro.square().mean(dim=-1, keepdim=True) + eps)
-    out = (ro * inv_rms * weight.double()).to(dtype)
+    factor = torch.ones(ro.shape[-1], dtype=torch.float64, device=ro.device) if weight is None else weight.double()
+    out = (ro * inv_rms * (factor + weight_offset if weight_offset else factor)).to(dtype)
     return ar, residual_out, out
 
 
@@ -34,9 +36,9 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(nan, torch.full_like(d, 1 << 40), d)
 
 
-def assert_rmsnorm_matches(xs, residual, weight, eps, out, residual_out):
+def assert_rmsnorm_matches(xs, residual, weight, eps, out, residual_out, weight_offset=0.0):
     """residual_out bit-exact, out within 1 ulp of T, against add_rmsnorm_reference(xs, ...)."""
-    _, ref_ro, ref_out = add_rmsnorm_reference(xs, residual, weight, eps)
+    _, ref_ro, ref_out = add_rmsnorm_reference(xs, residual, weight, eps, weight_offset)
     assert torch.equal(residual_out, ref_ro), f"residual_out differs in {(residual_out != ref_ro).sum().item()} elements"
     d = ulp_distance(out, ref_out)
     assert d.max().item() <= 1, f"out off by {d.max().item()} ulp ({(d > 1).sum().item()} elements > 1 ulp)"
