@@ -14,6 +14,7 @@ from ._version import __version__
 # public name -> module that defines it
 _LAZY = {
     "add_rmsnorm": "ops",
+    "add_rmsnorm_fp8": "ops",
     "Communicator": "communicator",
     "KernelSpec": "spec",
     "DType": "spec",

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from typing import Optional
 
-from .spec import KernelSpec
+from .spec import KernelSpec, Quant, fp8_in_hardware
 
 OBJDUMP = "llvm-objdump-19"
 READELF = "llvm-readelf-19"
@@ -96,6 +96,11 @@ def problems(text: str, spec: KernelSpec, arch: str) -> list[str]:
                 found.append(f"no system-scope acquire ({acquire}) at the flags")
         if "s_memrealtime" not in text:
             found.append("bounded waits do not read s_memrealtime")
+    if spec.quant is not Quant.NONE:
+        if fp8_in_hardware(target, spec.fp8) and "v_cvt_pk_fp8_f32" not in text:
+            found.append(f"the {spec.fp8.value} conversion does not use v_cvt_pk_fp8_f32")
+        if "v_div_fixup_f32" not in text:
+            found.append("1 / scale is not an IEEE division (no v_div_fixup_f32)")
     return found
 
 

@@ -247,7 +247,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         fail("; ".join(refused))
     for line in refused:
         print(f"warm: skipping {line}", file=sys.stderr)
-    specs = warm_matrix(archs, args.dtype, args.ngpus, variants=args.variants)
+    specs = warm_matrix(archs, args.dtype, args.ngpus, variants=args.variants, fp8=args.fp8)
     into = str(args.into) if args.into else None
     cache = target_cache(into)
     if args.dry_run:
@@ -506,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", action="store_true",
                    help="also the RMSNorm variants (fp32 or no weight, no residual, in place, unaligned rows), which "
                         "otherwise compile on first use")
+    p.add_argument("--fp8", action="store_true",
+                   help="also the FP8-output kernels (static, per-token and per-group scales; E4M3FN and E4M3FNUZ)")
     p.add_argument("--into", type=_type("into", _directory), default=None,
                    help="build a read-only cache layer in this directory (readable by every user; serve it with "
                         "FUSED_AR_CACHE_PATH) instead of filling the writable cache")

@@ -24,17 +24,17 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from .launch import arch_of, function, preload, spec_for
-from .plans import (CallPlan, allreduce_key, allreduce_pointers_ok, is_capturing, nbytes, plain_eps, plain_offset,
-                    raw_stream, rmsnorm_key, rmsnorm_pointers_ok)
+from .plans import (CallPlan, allreduce_key, allreduce_pointers_ok, fp8_pointers_ok, is_capturing, nbytes, plain_eps,
+                    plain_offset, quant_key, raw_stream, rmsnorm_key, rmsnorm_pointers_ok)
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
-from .ops import add_rmsnorm_into
+from .ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
 from .report import pending_exception, read_error_word
 from .runtime import current_runtime
-from .spec import DEFAULT_PACK, DType, KernelSpec
+from .spec import DEFAULT_PACK, DType, KernelSpec, Quant, native_fp8
 from .thresholds import SizeRule, Thresholds
 from .thresholds import load as load_thresholds
-from .validate import (RmsnormCall, check_devices, check_outputs, check_rmsnorm_inputs, check_rows,
-                       cross_gpu_limit, device_index, require_gpu)
+from .validate import (QuantCall, RmsnormCall, check_devices, check_outputs, check_quant, check_quant_outputs,
+                       check_rmsnorm_inputs, check_rows, check_scale_value, cross_gpu_limit, device_index, require_gpu)
 
 _ids = itertools.count(1)
 
@@ -321,24 +321,52 @@ class Communicator:
         weight_offset). Takes what fused_ar.add_rmsnorm takes (row strides, an fp32 or absent weight, out=x
         and residual_out=residual in place); every rank calls it together with the same shape and path. Runs
         on torch's current stream."""
+        out, residual_out, _ = self._rmsnorm(x, residual, weight, eps, weight_offset, path, out, residual_out, None)
+        return out, residual_out
+
+    def allreduce_rmsnorm_fp8(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                              weight_offset: float = 0.0, scale: Optional[Any] = None, group_size: Optional[int] = None,
+                              fp8_dtype: Any = None, path: str = "auto", out: Optional[Any] = None,
+                              residual_out: Optional[Any] = None, scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+        """(q, residual_out, scales): allreduce_rmsnorm's out quantized to FP8 in the same kernel, with the
+        scales of fused_ar.add_rmsnorm_fp8 (static, per row or per group) and its exactness: q and the scales
+        are bit for bit torch's quantization of the out allreduce_rmsnorm returns."""
+        fp8 = {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype,
+               "scales": scale if scale is not None else scales_out}
+        return self._rmsnorm(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
+
+    def _rmsnorm(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
+                 residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
         import torch
 
         self.check()
+        scales = None if fp8 is None else fp8["scales"]
         try:
-            plan = self._plans.get((rmsnorm_key(x, residual, weight, out, residual_out), path,
-                                    env.raw_values(_OVERRIDES)))
+            key = (rmsnorm_key(x, residual, weight, out, residual_out), path, env.raw_values(_OVERRIDES),
+                   None if fp8 is None else quant_key(fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], scales))
         except AttributeError:  # not a tensor: the full checks say so
-            plan = None
-        if plan is None or not plain_eps(eps) or not plain_offset(weight_offset) or not rmsnorm_pointers_ok(
-                plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out):
-            plan, eps, weight_offset = self._checked_fused(x, residual, weight, eps, weight_offset, path, out,
-                                                           residual_out)
-        out = torch.empty_like(x) if out is None else out
+            key = None
+        plan = self._plans.get(key)
+        ok = plan is not None and plain_eps(eps) and plain_offset(offset)
+        if ok and fp8 is None:
+            ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
+        elif ok:
+            ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out) \
+                and fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, (x, residual, weight, residual_out), out,
+                                    scales)
+        if not ok:
+            plan, eps, offset = self._checked_fused(key, x, residual, weight, eps, offset, path, out, residual_out, fp8)
+        quant = plan.quant
+        if out is None:
+            out = torch.empty_like(x) if quant is None else \
+                torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
+        if quant is not None and scales is None:
+            scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
         if plan.fallback:
             if plan.rows:
-                self._fallback_rmsnorm(x, residual, weight, eps, weight_offset, out, residual_out)
-            return out, residual_out
+                self._fallback_rmsnorm(x, residual, weight, eps, offset, out, residual_out, fp8, scales)
+            return out, residual_out, scales
         if plan.rows:
             stream = raw_stream(self.device)
             buf = plan.buffer()
@@ -348,9 +376,10 @@ class Communicator:
             v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
             v.residual = 0 if residual is None else residual.data_ptr()
             v.weight = 0 if weight is None else weight.data_ptr()
-            v.eps, v.weight_offset = eps, weight_offset
+            v.scales = 0 if scales is None else scales.data_ptr()
+            v.eps, v.weight_offset = eps, offset
             plan.launch(stream, buf)
-        return out, residual_out
+        return out, residual_out, scales
 
     def allreduce(self, x: Any, *, path: str = "auto", out: Optional[Any] = None) -> Any:
         """T(sum over the group of x, fp32, rank order), any shape with a multiple of 16 bytes in all."""
@@ -375,34 +404,56 @@ class Communicator:
         plan.launch(stream, buf)
         return out
 
-    def _checked_fused(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
-                       residual_out: Any) -> tuple[CallPlan, float, float]:
+    def _checked_fused(self, key: Optional[tuple], x: Any, residual: Any, weight: Any, eps: Any, offset: Any,
+                       path: str, out: Any, residual_out: Any, fp8: Optional[dict]) -> tuple[CallPlan, float, float]:
         """Every rule of the call (raising InputError naming the value), the path, and the plan of its key."""
         call = check_rmsnorm_inputs(x, residual, weight, eps, offset)
         inputs = {"x": x, "residual": residual, "weight": weight}
-        outputs = {"out": out, "residual_out": residual_out}
-        layouts = check_outputs(inputs, outputs, x)
-        self._check_device(**inputs, **outputs)
+        quant, q_layout = None, None
+        if fp8 is None:
+            layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, x)
+        else:
+            quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"],
+                                native_fp8(arch_of(self.device)))
+            q_layout = check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+            layouts = check_outputs(inputs, {"residual_out": residual_out}, x)
+            check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
+        self._check_device(**inputs, out=out, residual_out=residual_out,
+                           **({} if fp8 is None else {"scales": fp8["scales"]}))
+        if quant is not None and quant.kind is Quant.STATIC:
+            check_scale_value(fp8["scales"])
         rows, cols = call.x.rows, call.x.cols
-        unsupported = cross_gpu_limit(cols, call.x.dtype, {"residual": residual, "weight": weight, **outputs})
+        rows_limited = {"residual": residual, "weight": weight, "residual_out": residual_out}
+        if fp8 is None:
+            rows_limited["out"] = out
+        unsupported = cross_gpu_limit(cols, call.x.dtype, rows_limited)
+        per_access = DEFAULT_PACK // call.x.dtype.itemsize  # FP8 bytes per 16-byte access of x
+        if unsupported is None and q_layout is not None and (out.data_ptr() % per_access or q_layout.row_stride % per_access):
+            unsupported = (f"out has FP8 rows at address {out.data_ptr():#x} with stride {q_layout.row_stride}: the "
+                           f"cross-GPU kernels need them {per_access}-byte aligned")
         chosen = self._choose(path, x, unsupported, self.size_rule(call.x.dtype, cols))
         in_place = residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr()
-        key = (rmsnorm_key(x, residual, weight, out, residual_out), path, env.raw_values(_OVERRIDES))
-        tensors = (x, residual, weight, out, residual_out)
+        tensors = (x, residual, weight, out if fp8 is None else None, residual_out)
+        q_tensors = () if fp8 is None else (out, fp8["scales"])
         plan = self._plans.get(key)
         if plan is None or plan.fallback != (chosen is Path.FALLBACK) or plan.in_place != in_place:
             if chosen is Path.FALLBACK:
-                plan = CallPlan.fallback_plan(tensors, rows)
+                plan = CallPlan.fallback_plan(tensors, rows, quant, q_tensors)
             else:
-                spec = self._fused_spec(call, chosen, in_place)
-                plan = CallPlan(spec, self.device, min(rows, self._grid_cap(spec)),
-                                {"rank": self.rank, "rows": rows, "cols": cols, "timeout_ns": self._timeout_ns,
-                                 "residual_stride": call.residual_stride or 0,
-                                 "out_stride": layouts["out"].row_stride if "out" in layouts else cols,
-                                 "residual_out_stride": layouts["residual_out"].row_stride
-                                 if "residual_out" in layouts else cols}, tensors, rows, in_place)
+                spec = self._fused_spec(call, chosen, in_place, quant)
+                fixed = {"rank": self.rank, "rows": rows, "cols": cols, "timeout_ns": self._timeout_ns,
+                         "residual_stride": call.residual_stride or 0,
+                         "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else cols,
+                         "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
+                groups = 0
+                if quant is not None and quant.kind is not Quant.STATIC:
+                    groups = cols // quant.group if quant.kind is Quant.GROUP else 1
+                    fixed.update(group=quant.group, scales_stride=groups)
+                plan = CallPlan(spec, self.device, min(rows, self._grid_cap(spec)), fixed, tensors, rows, in_place,
+                                quant, q_tensors, shared_mem=4 * groups if quant is not None and
+                                quant.kind is Quant.GROUP else 0)
             plan.stage_x = call.x.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
-            if unsupported is None:  # an unaligned call must come back here each time
+            if unsupported is None and key is not None:  # an unaligned call must come back here each time
                 self._plans[key] = plan
         return plan, call.eps, call.offset
 
@@ -436,8 +487,10 @@ class Communicator:
             self._plans[key] = plan
         return plan
 
-    def _fused_spec(self, call: RmsnormCall, chosen: Path, in_place: bool) -> KernelSpec:
+    def _fused_spec(self, call: RmsnormCall, chosen: Path, in_place: bool, quant: Optional[QuantCall]) -> KernelSpec:
         variant = {"weight": call.weight, "residual": call.residual_stride is not None, "inplace": in_place}
+        if quant is not None:
+            variant.update(quant=quant.kind, fp8=quant.fmt)
         if chosen is Path.TWO_STAGE:
             return spec_for(ALLREDUCE_RMSNORM_2STAGE.op, call.x.dtype, self.device, TWO_STAGE_BLOCK, self.world_size,
                             **variant)
@@ -486,13 +539,18 @@ class Communicator:
         return out
 
     def _fallback_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float, offset: float, out: Any,
-                          residual_out: Any) -> tuple[Any, Any]:
-        """The collective's all-reduce in T, then add + RMSNorm fused by our kernel (it takes every layout)."""
+                          residual_out: Any, fp8: Optional[dict] = None, scales: Any = None) -> None:
+        """The collective's all-reduce in T, then add + RMSNorm (and the FP8 quantization) fused by our kernel,
+        which takes every layout."""
         import torch
 
         ar = self._fallback_allreduce(x, torch.empty(x.shape, dtype=x.dtype, device=x.device))
-        add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset)
-        return out, residual_out
+        if fp8 is None:
+            add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset)
+        else:
+            add_rmsnorm_fp8(ar, residual, weight, eps, weight_offset=offset, scale=fp8["scale"],
+                            group_size=fp8["group_size"], fp8_dtype=fp8["fp8_dtype"], out=out, residual_out=residual_out,
+                            scales_out=None if fp8["scale"] is not None else scales)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _check_device(self, **tensors: Any) -> None:

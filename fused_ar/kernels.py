@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterable, Mapping
 
-from .spec import BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, KernelSpec, Op, WeightKind
+from .spec import (BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Quant,
+                   WeightKind)
 
 
 class Arg(Enum):
@@ -55,14 +56,30 @@ def all_kernels() -> tuple[KernelDef, ...]:
 
 
 def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[int],
-                variants: bool = False) -> list[KernelSpec]:
+                variants: bool = False, fp8: bool = False) -> list[KernelSpec]:
     """Every default specialization for the archs, dtypes and group sizes; with `variants`, also the
-    specializations the calls of variant_specs ask for (compiled on first use otherwise)."""
+    specializations of variant_specs, with `fp8` those of fp8_specs (compiled on first use otherwise)."""
     dtypes, ngpus = list(dtypes), list(ngpus)
-    specs = [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
+    base = [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
+    specs = list(base)
     if variants:
-        specs += [v for s in specs for v in variant_specs(s)]
+        specs += [v for s in base for v in variant_specs(s)]
+    if fp8:
+        specs += [v for s in base for v in fp8_specs(s)]
     return specs
+
+
+# FP8 output keeps each thread's packs across an extra pass (amax, then quantize): at 1024 threads (64
+# registers a thread on sm_90) the per-group kernel spills even with one register pack (ptxas -v), so FP8
+# kernels stop at 512.
+FP8_MAX_BLOCK = 512
+
+
+def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
+    """An RMSNorm spec's FP8 outputs: each kind of scale, in both formats (blocks up to FP8_MAX_BLOCK)."""
+    if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK:
+        return []
+    return [replace(spec, quant=q, fp8=f) for q in (Quant.STATIC, Quant.TOKEN, Quant.GROUP) for f in Fp8Format]
 
 
 def check_specs(arch: str) -> list[KernelSpec]:
@@ -70,10 +87,12 @@ def check_specs(arch: str) -> list[KernelSpec]:
     largest block (the most registers) and group size."""
     widest: dict[tuple, KernelSpec] = {}
     for spec in warm_matrix([arch], list(DType), [1, max(SUPPORTED_NGPUS)]):
-        key = (spec.op, spec.dtype)
-        if key not in widest or spec.block > widest[key].block:
-            widest[key] = spec
-    return [v for spec in widest.values() for v in variant_specs(spec)]
+        for key in ((spec.op, spec.dtype, False), (spec.op, spec.dtype, True)):  # True: an FP8 block
+            if key[2] and spec.block > FP8_MAX_BLOCK:
+                continue
+            if key not in widest or spec.block > widest[key].block:
+                widest[key] = spec
+    return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))]
 
 
 def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
@@ -95,8 +114,9 @@ def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
     whose sum of squares is double, spills at 2 (ptxas -v: 4 bytes), so 2 and 1."""
     if spec.block < 1024:
         return 4
-    # an fp32 weight of a 16-bit x doubles the weight registers: 2 packs spill at 1024 (ptxas -v)
-    return 1 if spec.dtype is DType.FP32 or spec.weight is WeightKind.FP32 else 2
+    # an fp32 weight of a 16-bit x doubles the weight registers, and FP8 output with per-group scales keeps
+    # the packs across one more pass: 2 packs spill at 1024 in both (ptxas -v)
+    return 1 if spec.dtype is DType.FP32 or spec.weight is WeightKind.FP32 or spec.quant is not Quant.NONE else 2
 
 
 ADD_RMSNORM = register(KernelDef(
@@ -105,7 +125,7 @@ ADD_RMSNORM = register(KernelDef(
     params=(("out", Arg.PTR), ("residual_out", Arg.PTR), ("x", Arg.PTR), ("residual", Arg.PTR),
             ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32), ("weight_offset", Arg.F32),
             ("x_stride", Arg.I64), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
-            ("residual_out_stride", Arg.I64)),
+            ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64)),
     ngpus=(1,),
     warm_blocks=BLOCK_SIZES,
     constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec)},
@@ -182,7 +202,8 @@ def _cross_gpu_constants(two_stage: bool):
 _FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("residual_out", Arg.PTR),
                  ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32),
                  ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
-                 ("residual_out_stride", Arg.I64), ("timeout_ns", Arg.I64))
+                 ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
+                 ("timeout_ns", Arg.I64))
 _ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
                      ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64))
 

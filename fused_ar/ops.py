@@ -1,21 +1,24 @@
-"""Public single-GPU ops. `add_rmsnorm` is also the epilogue of the communicator's fallback path.
+"""Public single-GPU ops: `add_rmsnorm` (out in T) and `add_rmsnorm_fp8` (out in FP8 with its scales), also
+the epilogue of the communicator's fallback path.
 
 Semantics are docs/design.md sections 1 and 1b with N = 1. A call's key (shapes, dtypes, strides, devices,
-which operands are given) is validated fully the first time, with a launch plan built for it
-(fused_ar.plans); later calls with that key check only what can change (pointers, their alignment,
-aliasing, eps, the weight offset) and launch. Anything a per-call check does not pass goes through the full
-validation, which raises the error or builds the plan that call needs.
+which operands are given, how it quantizes) is validated fully the first time, with a launch plan built
+for it (fused_ar.plans); later calls with that key check only what can change (pointers, their alignment,
+aliasing, eps, the weight offset) and launch. Anything a per-call check does not pass goes through the
+full validation, which raises the error or builds the plan that call needs.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from .kernels import add_rmsnorm_block
-from .launch import spec_for
-from .plans import LaunchPlan, plain_eps, plain_offset, raw_stream, rmsnorm_key, rmsnorm_pointers_ok, span_bytes
-from .spec import Op
-from .validate import RmsnormCall, RowsShape, check_devices, check_outputs, check_rmsnorm_inputs, row_pack
+from .kernels import FP8_MAX_BLOCK, add_rmsnorm_block
+from .launch import arch_of, spec_for
+from .plans import (LaunchPlan, fp8_pointers_ok, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key,
+                    rmsnorm_pointers_ok, span_bytes)
+from .spec import Op, Quant, native_fp8
+from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_outputs, check_quant,
+                       check_quant_outputs, check_rmsnorm_inputs, check_scale_value, overlaps, row_pack)
 
 # Grid-stride over rows beyond this many blocks: keeps grid * block under 2**32 (a HIP limit) for any m.
 MAX_GRID_BLOCKS = 1 << 16
@@ -23,30 +26,41 @@ MAX_GRID_BLOCKS = 1 << 16
 
 class AddRmsnormPlan(LaunchPlan):
     """add_rmsnorm for one key and access width: the kernel, its grid, the shape and strides fixed; the
-    byte spans and alignment the per-call pointer check needs."""
+    byte spans and alignments the per-call pointer checks need."""
 
-    __slots__ = ("align", "spans", "in_place")
+    __slots__ = ("align", "spans", "in_place", "quant", "q_spans", "q_align")
 
-    def __init__(self, call: RmsnormCall, layouts: dict[str, RowsShape], device: int, pack: int, in_place: bool,
-                 tensors: tuple) -> None:
+    def __init__(self, call: RmsnormCall, quant: Optional[QuantCall], layouts: dict[str, RowsShape], device: int,
+                 pack: int, in_place: bool, tensors: tuple, q_tensors: tuple = ()) -> None:
         rows, cols, dtype = call.x.rows, call.x.cols, call.x.dtype
         block = add_rmsnorm_block(-(-cols * dtype.itemsize // pack))
+        if quant is not None:
+            block = min(block, FP8_MAX_BLOCK)
+        variant = {} if quant is None else {"quant": quant.kind, "fp8": quant.fmt}
         spec = spec_for(Op.ADD_RMSNORM, dtype, device, block, pack=pack, weight=call.weight,
-                        residual=call.residual_stride is not None, inplace=in_place)
-        fixed = {"rows": rows, "cols": cols, "x_stride": call.x.row_stride,
-                 "residual_stride": call.residual_stride or 0,
+                        residual=call.residual_stride is not None, inplace=in_place, **variant)
+        fixed = {"rows": rows, "cols": cols, "x_stride": call.x.row_stride, "residual_stride": call.residual_stride or 0,
                  "out_stride": layouts["out"].row_stride if "out" in layouts else cols,
                  "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
-        super().__init__(spec, device, min(rows, MAX_GRID_BLOCKS), fixed)
-        self.align, self.in_place = pack, in_place
+        groups = 0
+        if quant is not None and quant.kind is not Quant.STATIC:
+            groups = cols // quant.group if quant.kind is Quant.GROUP else 1
+            fixed.update(group=quant.group, scales_stride=groups)
+        super().__init__(spec, device, min(rows, MAX_GRID_BLOCKS), fixed,
+                         shared_mem=4 * groups if quant is not None and quant.kind is Quant.GROUP else 0)
+        self.align, self.in_place, self.quant = pack, in_place, quant
         self.spans = tuple(span_bytes(t) for t in tensors)
+        self.q_spans = tuple(span_bytes(t) for t in q_tensors)  # out (FP8), scales or scale
+        self.q_align = pack // dtype.itemsize  # FP8 bytes per access
 
-    def run(self, out: Any, residual_out: Any, x: Any, residual: Any, weight: Any, eps: float, offset: float) -> None:
+    def run(self, out: Any, residual_out: Any, x: Any, residual: Any, weight: Any, eps: float, offset: float,
+            scales: Any = None) -> None:
         buf = self.buffer()
         v = buf.values
         v.out, v.residual_out, v.x = out.data_ptr(), residual_out.data_ptr(), x.data_ptr()
         v.residual = 0 if residual is None else residual.data_ptr()
         v.weight = 0 if weight is None else weight.data_ptr()
+        v.scales = 0 if scales is None else scales.data_ptr()
         v.eps, v.weight_offset = eps, offset
         self.launch(raw_stream(self.device), buf)
 
@@ -55,42 +69,77 @@ _plans: dict[tuple, AddRmsnormPlan] = {}  # per key: the plan of a call whose po
 _by_pack: dict[tuple, AddRmsnormPlan] = {}  # per (key, access width, in place): every plan made
 
 
-def _fast_plan(x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any,
-               residual_out: Any) -> Optional[AddRmsnormPlan]:
+def _fast_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
+               scales: Any = None) -> Optional[AddRmsnormPlan]:
     """The plan of this call's key when every per-call check passes, else None (the full checks then run)."""
-    try:
-        plan = _plans.get(rmsnorm_key(x, residual, weight, out, residual_out))
-    except AttributeError:  # not a tensor: the full checks say so
-        return None
+    plan = _plans.get(key)
     if plan is None or not plain_eps(eps) or not plain_offset(offset):
         return None
-    if not rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out):
-        return None
-    return plan
+    if plan.quant is None:
+        ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
+    else:
+        ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out) \
+            and fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, (x, residual, weight, residual_out), out, scales)
+    return plan if ok else None
 
 
-def _checked_plan(x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any,
-                  residual_out: Any) -> tuple[AddRmsnormPlan, float, float]:
-    """Every rule of the op (raising InputError naming the value), then the plan of this call."""
+def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
+                  fp8: Optional[dict] = None) -> tuple[AddRmsnormPlan, float, float]:
+    """Every rule of the op (raising InputError naming the value), then the plan of this call. `fp8`: the FP8
+    call's scale, group_size, fp8_dtype and scales (its output, or the static scale)."""
     call = check_rmsnorm_inputs(x, residual, weight, eps, offset)
-    layouts = check_outputs({"x": x, "residual": residual, "weight": weight},
-                            {"out": out, "residual_out": residual_out}, x)
-    check_devices(x=x, residual=residual, weight=weight, out=out, residual_out=residual_out)
-    in_place = (out is not None and out.data_ptr() == x.data_ptr()) or (
+    quant = None
+    named = {"out": out, "residual_out": residual_out}
+    if fp8 is not None:
+        quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"],
+                            native_fp8(arch_of(x.device.index)) if x.device.type == "cuda" else native_fp8("sm_90"))
+        q_layout = check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+        named = {"residual_out": residual_out}
+    layouts = check_outputs({"x": x, "residual": residual, "weight": weight}, named, x)
+    if fp8 is not None:
+        check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
+        if q_layout is not None:
+            layouts["out"] = q_layout
+    check_devices(x=x, residual=residual, weight=weight, out=out, residual_out=residual_out,
+                  **({} if fp8 is None else {"scales": fp8["scales"]}))
+    if quant is not None and quant.kind is Quant.STATIC:
+        check_scale_value(fp8["scales"])
+    in_place = (fp8 is None and out is not None and out.data_ptr() == x.data_ptr()) or (
         residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr())
     strides = [call.x.row_stride] + [call.residual_stride] * (residual is not None) + \
-        [layout.row_stride for layout in layouts.values()]
-    rows_at = [t.data_ptr() for t in (x, residual, out, residual_out) if t is not None]
+        [layout.row_stride for name, layout in layouts.items() if name != "out" or fp8 is None]
+    rows_at = [t.data_ptr() for t in (x, residual, residual_out) if t is not None]
+    rows_at += [] if out is None or fp8 is not None else [out.data_ptr()]
     weight_at = [] if weight is None else [weight.data_ptr()]
-    pack = row_pack(call.x.dtype.itemsize, rows_at + weight_at, strides)
-    key = rmsnorm_key(x, residual, weight, out, residual_out)
+    itemsize = call.x.dtype.itemsize
+    if fp8 is not None and out is not None:  # FP8 rows: one byte per element, so scaled to T's alignment
+        rows_at.append(out.data_ptr() * itemsize)
+        strides.append(layouts["out"].row_stride)
+    pack = row_pack(itemsize, rows_at + weight_at, strides)
     plan = _by_pack.get((key, pack, in_place))
     if plan is None:
-        plan = _by_pack[(key, pack, in_place)] = AddRmsnormPlan(call, layouts, x.device.index, pack, in_place,
-                                                                (x, residual, weight, out, residual_out))
-    if pack == row_pack(call.x.dtype.itemsize, [0], strides):  # as aligned as the layout allows: the fast path's
+        q_tensors = () if fp8 is None else (out, fp8["scales"])
+        plan = _by_pack[(key, pack, in_place)] = AddRmsnormPlan(
+            call, quant, layouts, x.device.index, pack, in_place, (x, residual, weight, None if fp8 else out,
+                                                                   residual_out), q_tensors)
+    if pack == row_pack(itemsize, [0], strides):  # as aligned as the layout allows: the fast path's
         _plans[key] = plan
     return plan, call.eps, call.offset
+
+
+def check_fp8_aliasing(quant: QuantCall, x: Any, residual: Any, weight: Any, residual_out: Any, out: Any,
+                       scales: Any) -> None:
+    """The FP8 out and the scales it writes (a static scale is read) share no byte with another operand."""
+    from .errors import InputError
+
+    static = quant.kind is Quant.STATIC
+    written = [("out", out)] + ([] if static else [("scales_out", scales)])
+    others = [("x", x), ("residual", residual), ("weight", weight), ("residual_out", residual_out)] + \
+        ([("scale", scales)] if static else [])
+    for i, (name, t) in enumerate(written):
+        for other_name, other in others + written[i + 1:]:
+            if t is not None and other is not None and overlaps(t, other):
+                raise InputError(f"{name} overlaps {other_name}: outputs must not alias the inputs or each other")
 
 
 def add_rmsnorm(x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
@@ -108,20 +157,62 @@ def add_rmsnorm(x: Any, residual: Optional[Any], weight: Optional[Any], eps: flo
     """
     import torch
 
-    plan = _fast_plan(x, residual, weight, eps, weight_offset, out, residual_out)
+    try:
+        key = rmsnorm_key(x, residual, weight, out, residual_out)
+    except AttributeError:  # not a tensor: the full checks say so
+        key = None
+    plan = None if key is None else _fast_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
     if plan is None:
-        plan, eps, weight_offset = _checked_plan(x, residual, weight, eps, weight_offset, out, residual_out)
+        plan, eps, weight_offset = _checked_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
     out = torch.empty_like(x) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
     plan.run(out, residual_out, x, residual, weight, eps, weight_offset)
     return out, residual_out
 
 
+def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                    weight_offset: float = 0.0, scale: Optional[Any] = None, group_size: Optional[int] = None,
+                    fp8_dtype: Any = None, out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                    scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+    """(q, residual_out, scales): add_rmsnorm's out quantized to FP8 in the same kernel (docs/design.md
+    section 1b), bit for bit what torch gives for `(y * (1.0 / s)).clamp(-M, M).to(fp8)` of that out y.
+
+    scale: a one-element float32 tensor on x's device (static; returned as the scales); else, without
+    group_size, one scale per row (fp32, shape (..., 1)); with group_size G, one per G columns (fp32,
+    (..., n / G); G divides n into whole 16-byte packs). Dynamic scales are max(amax / M, 1 / (512 M)) with
+    M = 448 for float8_e4m3fn, 240 for float8_e4m3fnuz. fp8_dtype: torch.float8_e4m3fn or float8_e4m3fnuz
+    (default: the device's own: fnuz on gfx942, fn elsewhere). residual_out keeps x's dtype and the bits of
+    add_rmsnorm. out (FP8, x's shape, any row layout), residual_out and scales_out may be given. The other
+    inputs are as add_rmsnorm's.
+    """
+    import torch
+
+    try:
+        key = (rmsnorm_key(x, residual, weight, out, residual_out), quant_key(scale, group_size, fp8_dtype, scales_out))
+    except AttributeError:
+        key = None
+    scales = scale if scale is not None else scales_out
+    plan = None if key is None else _fast_plan(key, x, residual, weight, eps, weight_offset, out, residual_out, scales)
+    if plan is None:
+        plan, eps, weight_offset = _checked_plan(key, x, residual, weight, eps, weight_offset, out, residual_out,
+                                                 {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype,
+                                                  "scales": scales})
+    quant = plan.quant
+    if out is None:
+        out = torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
+    residual_out = torch.empty_like(x) if residual_out is None else residual_out
+    if scales is None:
+        scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
+    plan.run(out, residual_out, x, residual, weight, eps, weight_offset, scales)
+    return out, residual_out, scales
+
+
 def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float,
                      weight_offset: float = 0.0) -> None:
     """The fallback's epilogue: writes into given outputs (the caller validated the call)."""
-    plan = _fast_plan(x, residual, weight, eps, weight_offset, out, residual_out)
+    key = rmsnorm_key(x, residual, weight, out, residual_out)
+    plan = _fast_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
     if plan is None:
-        plan, eps, weight_offset = _checked_plan(x, residual, weight, eps, weight_offset, out, residual_out)
+        plan, eps, weight_offset = _checked_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
     plan.run(out, residual_out, x, residual, weight, eps, weight_offset)
 

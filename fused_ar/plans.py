@@ -51,10 +51,11 @@ class ArgBuffer:
 class LaunchPlan:
     """A kernel ready to launch on one device with a fixed grid and the arguments that do not change."""
 
-    __slots__ = ("spec", "device", "grid", "block", "fn", "kdef", "fixed", "launch_raw", "_local")
+    __slots__ = ("spec", "device", "grid", "block", "fn", "kdef", "fixed", "launch_raw", "shared_mem", "_local")
 
-    def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any]) -> None:
+    def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], shared_mem: int = 0) -> None:
         self.spec, self.device, self.grid, self.block = spec, device, grid, spec.block
+        self.shared_mem = shared_mem  # dynamic LDS bytes per block (the per-group FP8 amax)
         self.kdef = kernel_def(spec.op)
         self.fixed = dict(fixed)
         pack_args(self.kdef, [self.fixed.get(n, 0) for n, _ in self.kdef.params])  # range-checks the fixed values
@@ -73,7 +74,7 @@ class LaunchPlan:
 
     def launch(self, stream: int, buf: ArgBuffer) -> None:
         if self.grid:
-            self.launch_raw(self.fn, self.grid, self.block, buf.address, stream_arg(stream))
+            self.launch_raw(self.fn, self.grid, self.block, buf.address, stream_arg(stream), self.shared_mem)
 
 
 _raw_stream_getter: list[Callable[[int], int]] = []
@@ -148,6 +149,29 @@ def rmsnorm_pointers_ok(spans: tuple, align: int, in_place: bool, x: Any, residu
     return not mask % align
 
 
+def quant_key(scale: Any, group_size: Any, fp8_dtype: Any, scales_out: Any) -> tuple:
+    """What an FP8 plan depends on beyond rmsnorm_key."""
+    return _meta(scale), group_size, str(fp8_dtype), _meta(scales_out)
+
+
+def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, reads: tuple, out: Any, scales: Any) -> bool:
+    """Per call, for FP8 output: out's FP8 rows aligned to `q_align` bytes, and out's and the scales' spans
+    (q_spans) disjoint from every other operand's (`reads`: x, residual, weight, residual_out; spans in
+    that order as rmsnorm_key's plan recorded them)."""
+    starts = [None if t is None else t.data_ptr() for t in reads]
+    sizes = [spans[0], spans[1], spans[2], spans[4]]
+    mine = [(None if t is None else t.data_ptr(), size) for t, size in zip((out, scales), q_spans)]
+    if mine[0][0] is not None and mine[0][0] % q_align:
+        return False
+    for i, (p, size) in enumerate(mine):
+        if p is None:
+            continue
+        for q, other in list(zip(starts, sizes)) + mine[i + 1:]:
+            if q is not None and not (p + size <= q or q + other <= p):
+                return False
+    return True
+
+
 def allreduce_key(x: Any, out: Any) -> tuple:
     return x.shape, x.dtype, x.stride(), x.device, None if out is None else (out.shape, out.dtype, out.stride(), out.device)
 
@@ -179,24 +203,29 @@ class CallPlan(LaunchPlan):
     the call's operands (rmsnorm: x, residual, weight, out, residual_out; all-reduce: x, out; None where
     absent): their byte spans serve the per-call pointer checks, x's layout the staging copy."""
 
-    __slots__ = ("fallback", "rows", "spans", "x_bytes", "align", "in_place", "stage_x", "x_layout")
+    __slots__ = ("fallback", "rows", "spans", "x_bytes", "align", "in_place", "stage_x", "x_layout", "quant",
+                 "q_spans", "q_align")
 
     def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], tensors: Sequence[Any],
-                 rows: int, in_place: bool = False) -> None:
-        super().__init__(spec, device, grid, fixed)
-        self._describe(tensors, rows, fallback=False, in_place=in_place)
+                 rows: int, in_place: bool = False, quant: Any = None, q_tensors: Sequence[Any] = (),
+                 shared_mem: int = 0) -> None:
+        super().__init__(spec, device, grid, fixed, shared_mem)
+        self._describe(tensors, rows, fallback=False, in_place=in_place, quant=quant, q_tensors=q_tensors)
 
     @classmethod
-    def fallback_plan(cls, tensors: Sequence[Any], rows: int) -> "CallPlan":
+    def fallback_plan(cls, tensors: Sequence[Any], rows: int, quant: Any = None, q_tensors: Sequence[Any] = ()) -> "CallPlan":
         plan = cls.__new__(cls)
-        plan._describe(tensors, rows, fallback=True, in_place=True)
+        plan._describe(tensors, rows, fallback=True, in_place=True, quant=quant, q_tensors=q_tensors)
         return plan
 
-    def _describe(self, tensors: Sequence[Any], rows: int, *, fallback: bool, in_place: bool) -> None:
+    def _describe(self, tensors: Sequence[Any], rows: int, *, fallback: bool, in_place: bool, quant: Any,
+                  q_tensors: Sequence[Any]) -> None:
         from .validate import row_stride
 
         x = tensors[0]
         self.fallback, self.rows, self.in_place, self.align = fallback, rows, in_place, DEFAULT_PACK
+        self.quant, self.q_align = quant, DEFAULT_PACK // x.element_size()
+        self.q_spans = tuple(span_bytes(t) for t in q_tensors)
         self.spans = tuple(span_bytes(t) for t in tensors)
         self.x_bytes = self.spans[0]
         cols = x.shape[-1] if x.dim() else 1

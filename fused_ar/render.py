@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .kernels import kernel_def
-from .spec import KernelSpec
+from .spec import Fp8Format, KernelSpec, Quant, fp8_in_hardware
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
@@ -71,6 +71,9 @@ def render(spec: KernelSpec) -> Source:
         "FA_WEIGHT": spec.weight.render_id,
         "FA_RESIDUAL": int(spec.residual),
         "FA_INPLACE": int(spec.inplace),
+        "FA_QUANT": spec.quant.render_id,
+        "FA_FP8_FNUZ": int(spec.fp8 is Fp8Format.E4M3FNUZ),
+        "FA_FP8_HW": int(spec.quant is not Quant.NONE and fp8_in_hardware(spec.arch, spec.fp8)),
         **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]

@@ -60,6 +60,48 @@ class WeightKind(str, Enum):
         return {WeightKind.SAME: "FA_WEIGHT_SAME", WeightKind.FP32: "FA_WEIGHT_FP32", WeightKind.NONE: "FA_WEIGHT_NONE"}[self]
 
 
+class Quant(str, Enum):
+    """The output of an RMSNorm op: T, or FP8 with a given scale, a scale per row, or a scale per group."""
+
+    NONE = "none"
+    STATIC = "static"
+    TOKEN = "token"
+    GROUP = "group"
+
+    @property
+    def render_id(self) -> str:
+        return f"FA_QUANT_{self.name}"
+
+
+class Fp8Format(str, Enum):
+    """FP8 E4M3 as OCP defines it (NVIDIA, gfx950) or as gfx942 computes it (finite, bias 8, no -0)."""
+
+    E4M3FN = "e4m3fn"
+    E4M3FNUZ = "e4m3fnuz"
+
+    @property
+    def max(self) -> float:
+        return 448.0 if self is Fp8Format.E4M3FN else 240.0
+
+    @property
+    def torch_name(self) -> str:
+        return f"float8_{self.value}"
+
+
+def fp8_in_hardware(arch: str, fmt: Fp8Format) -> bool:
+    """Whether `arch` converts to `fmt` with an instruction (sm_89+ E4M3FN: cvt.rn.satfinite; gfx942 E4M3FNUZ
+    and gfx950 E4M3FN: v_cvt_pk_fp8_f32); elsewhere the kernels round in software to the same bits."""
+    if platform_of_arch(arch) is Platform.CUDA:
+        return fmt is Fp8Format.E4M3FN and int(arch.removeprefix("sm_").rstrip("af")) >= 89
+    target = arch.split(":")[0]
+    return (target, fmt) in (("gfx942", Fp8Format.E4M3FNUZ), ("gfx950", Fp8Format.E4M3FN))
+
+
+def native_fp8(arch: str) -> Fp8Format:
+    """The FP8 format a target's hardware computes: E4M3FNUZ on gfx942 (MI300), E4M3FN elsewhere."""
+    return Fp8Format.E4M3FNUZ if arch.split(":")[0] in ("gfx940", "gfx941", "gfx942") else Fp8Format.E4M3FN
+
+
 class Platform(str, Enum):
     CUDA = "cuda"
     HIP = "hip"
@@ -113,19 +155,25 @@ class KernelSpec:
     weight: WeightKind = WeightKind.SAME  # RMSNorm ops only
     residual: bool = True  # RMSNorm ops only: False adds no residual (residual_out is the row's values)
     inplace: bool = False  # RMSNorm ops only: outputs may be their inputs (no __restrict__ between them)
+    quant: Quant = Quant.NONE  # RMSNorm ops only: out in T or FP8
+    fp8: Fp8Format = Fp8Format.E4M3FN  # with quant: the FP8 format
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", Op(self.op))
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
         object.__setattr__(self, "weight", WeightKind(self.weight))
+        object.__setattr__(self, "quant", Quant(self.quant))
+        object.__setattr__(self, "fp8", Fp8Format(self.fp8))
+        if self.quant is Quant.NONE:
+            object.__setattr__(self, "fp8", Fp8Format.E4M3FN)  # no FP8 output: one kernel, one key
         if self.weight is WeightKind.FP32 and self.dtype is DType.FP32:
             object.__setattr__(self, "weight", WeightKind.SAME)  # one kernel, one key
         platform_of_arch(self.arch)
         if self.pack not in PACK_SIZES or self.pack < self.dtype.itemsize or self.pack % self.dtype.itemsize:
             raise ValueError(f"pack={self.pack} bytes: must be one of {PACK_SIZES} and hold whole {self.dtype.value}s")
         if self.op.value not in RMSNORM_OPS and (self.weight is not WeightKind.SAME or not self.residual
-                                                 or self.inplace):
-            raise ValueError(f"{self.op.value} has no weight, residual or in-place variants")
+                                                 or self.inplace or self.quant is not Quant.NONE):
+            raise ValueError(f"{self.op.value} has no weight, residual, in-place or FP8 variants")
         if not isinstance(self.residual, bool) or not isinstance(self.inplace, bool):
             raise ValueError("residual and inplace are booleans")
         if self.ngpus not in SUPPORTED_NGPUS:
@@ -145,12 +193,14 @@ class KernelSpec:
     def kernel_name(self) -> str:
         """The kernel's symbol: unique per spec, readable in profiler traces."""
         variant = ("" if self.weight is WeightKind.SAME else f"_w{self.weight.value}") + \
-            ("" if self.residual else "_nores") + ("_inplace" if self.inplace else "")
+            ("" if self.residual else "_nores") + ("_inplace" if self.inplace else "") + \
+            ("" if self.quant is Quant.NONE else f"_q{self.quant.value}_{self.fp8.value}")
         return f"fa_{self.op.value}_{self.dtype.value}_p{self.pack}_g{self.ngpus}_b{self.block}{variant}"
 
     def to_dict(self) -> dict[str, Union[str, int]]:
         d = asdict(self)
         d["op"], d["dtype"], d["weight"] = self.op.value, self.dtype.value, self.weight.value
+        d["quant"], d["fp8"] = self.quant.value, self.fp8.value
         return d
 
     @classmethod
@@ -158,8 +208,9 @@ class KernelSpec:
         return cls(**d)
 
     def __str__(self) -> str:
+        defaults = {"weight": "same", "residual": True, "inplace": False, "quant": "none", "fp8": "e4m3fn"}
         variant = "".join(f", {k}={v}" for k, v in (("weight", self.weight.value), ("residual", self.residual),
-                                                   ("inplace", self.inplace))
-                          if v != {"weight": "same", "residual": True, "inplace": False}[k])
+                                                   ("inplace", self.inplace), ("quant", self.quant.value),
+                                                   ("fp8", self.fp8.value)) if v != defaults[k])
         return (f"KernelSpec({self.op.value}, {self.dtype.value}, {self.arch}, pack={self.pack}, "
                 f"ngpus={self.ngpus}, block={self.block}{variant})")

@@ -36,6 +36,12 @@ SCHEMAS = {
                     "float weight_offset=0.0) -> ()",
     "allreduce_rmsnorm_": "allreduce_rmsnorm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, int comm, "
                           "str path=\"auto\", float weight_offset=0.0) -> ()",
+    # FP8 output: (q, residual_out, scales); scales is a new tensor also for a static scale (a copy of it).
+    "add_rmsnorm_fp8": "add_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, float weight_offset=0.0, "
+                       "Tensor? scale=None, int? group_size=None, ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
+    "allreduce_rmsnorm_fp8": "allreduce_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
+                             "str path=\"auto\", float weight_offset=0.0, Tensor? scale=None, int? group_size=None, "
+                             "ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
 }
 
 
@@ -91,6 +97,44 @@ def _allreduce_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
                                    residual_out=residual)
 
 
+def _fresh_scales(q: torch.Tensor, residual_out: torch.Tensor, scales: torch.Tensor,
+                  scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q, residual_out, scales.clone() if scale is not None else scales  # an op's output never aliases an input
+
+
+def _add_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
+                     weight_offset: float = 0.0, scale: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
+                     fp8_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, residual_out, scales) = fused_ar.add_rmsnorm_fp8(...)."""
+    from .ops import add_rmsnorm_fp8
+
+    return _fresh_scales(*add_rmsnorm_fp8(x, residual, weight, eps, weight_offset=weight_offset, scale=scale,
+                                          group_size=group_size, fp8_dtype=fp8_dtype), scale)
+
+
+def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
+                           comm: int, path: str = "auto", weight_offset: float = 0.0,
+                           scale: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
+                           fp8_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, residual_out, scales) = Communicator(comm).allreduce_rmsnorm_fp8(...)."""
+    return _fresh_scales(*lookup(comm).allreduce_rmsnorm_fp8(
+        x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
+        fp8_dtype=fp8_dtype, path=path), scale)
+
+
+def _fake_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, *rest: Any) -> tuple:
+    from .launch import arch_of
+    from .spec import native_fp8
+    from .validate import fp8_format
+
+    *_, scale, group_size, fp8_dtype = rest
+    fmt = fp8_format(fp8_dtype, native_fp8(arch_of(x.device.index)))
+    lead = tuple(x.shape[:-1])
+    scales_shape = tuple(scale.shape) if scale is not None else lead + (1 if group_size is None else x.shape[-1] // group_size,)
+    return (torch.empty(x.shape, dtype=getattr(torch, fmt.torch_name), device=x.device), torch.empty_like(x),
+            torch.empty(scales_shape, dtype=torch.float32, device=x.device))
+
+
 def _fake_pair(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(x), torch.empty_like(x)
 
@@ -105,7 +149,8 @@ def _fake_none(*args: Any) -> None:
 
 _KERNELS = {"allreduce_rmsnorm": (_allreduce_rmsnorm, _fake_pair), "allreduce": (_allreduce, _fake_one),
             "add_rmsnorm": (_add_rmsnorm, _fake_pair), "add_rmsnorm_": (_add_rmsnorm_, _fake_none),
-            "allreduce_rmsnorm_": (_allreduce_rmsnorm_, _fake_none)}
+            "allreduce_rmsnorm_": (_allreduce_rmsnorm_, _fake_none),
+            "add_rmsnorm_fp8": (_add_rmsnorm_fp8, _fake_fp8), "allreduce_rmsnorm_fp8": (_allreduce_rmsnorm_fp8, _fake_fp8)}
 
 _library = torch.library.Library("fused_ar", "DEF")
 for _name, _schema in SCHEMAS.items():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import InputError, NoGpuError
-from .spec import DEFAULT_PACK, DType, WeightKind
+from .spec import DEFAULT_PACK, DType, Fp8Format, Quant, WeightKind
 
 INT32_MAX = 2**31 - 1
 
@@ -239,6 +239,88 @@ def overlaps(a: Any, b: Any) -> bool:
     lo, hi, w_lo, w_hi = (a0, b0, wa, wb) if a0 <= b0 else (b0, a0, wb, wa)
     r = (hi - lo) % sa  # where the later tensor's rows start within the earlier one's row period
     return r < w_lo or sa - r < w_hi
+
+
+# -- FP8 output (docs/design.md section 1b) --------------------------------------------------------------
+@dataclass(frozen=True)
+class QuantCall:
+    """How a call quantizes its out: the kind, the FP8 format, the group width (GROUP) and the scales'
+    shape (TOKEN: one per row; GROUP: one per group of each row; STATIC: the given scale's)."""
+
+    kind: Quant
+    fmt: Fp8Format
+    group: int
+    scales_shape: tuple
+
+
+def fp8_format(fp8_dtype: Any, native: Fp8Format) -> Fp8Format:
+    """A torch float8 dtype (or its name, 'e4m3fn' / 'e4m3fnuz') as a format; None is the target's native one."""
+    if fp8_dtype is None:
+        return native
+    name = str(fp8_dtype).removeprefix("torch.").removeprefix("float8_")
+    try:
+        return Fp8Format(name)
+    except ValueError:
+        raise InputError(f"fp8_dtype={fp8_dtype!r}: fused_ar writes float8_e4m3fn or float8_e4m3fnuz") from None
+
+
+def check_quant(x: Any, cols: int, dtype: DType, scale: Any, group_size: Any, fp8_dtype: Any,
+                native: Fp8Format) -> QuantCall:
+    fmt = fp8_format(fp8_dtype, native)
+    lead = tuple(x.shape[:-1])
+    if scale is not None:
+        if group_size is not None:
+            raise InputError(f"scale and group_size={group_size!r} were both given: a static scale, or scales per "
+                             "group computed by the kernel, not both")
+        _tensor("scale", scale)
+        if scale.dtype != _torch_dtype("float32") or scale.numel() != 1:
+            raise InputError(f"scale has dtype {scale.dtype} and {scale.numel()} elements: it must be one float32")
+        return QuantCall(Quant.STATIC, fmt, 0, tuple(scale.shape))
+    if group_size is None:
+        return QuantCall(Quant.TOKEN, fmt, 0, lead + (1,))
+    per_pack = DEFAULT_PACK // dtype.itemsize
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or cols % group_size \
+            or group_size % per_pack:
+        raise InputError(f"group_size={group_size!r}: it must divide n={cols} into groups of whole "
+                         f"{DEFAULT_PACK}-byte packs (a multiple of {per_pack} for {dtype.value})")
+    return QuantCall(Quant.GROUP, fmt, group_size, lead + (cols // group_size,))
+
+
+def check_scale_value(scale: Any) -> None:
+    """A static scale's value: positive and finite (one device read; the first call of a shape makes it)."""
+    value = float(scale.reshape(-1)[0])
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"scale={value!r}: a static FP8 scale must be positive and finite")
+
+
+def check_quant_outputs(quant: QuantCall, x: Any, out: Any, scales_out: Any) -> Optional[RowsShape]:
+    """The FP8 out (x's shape, the format's dtype, rows) and the scales (contiguous float32 of quant's
+    shape; none for a static scale). Returns out's layout when given."""
+    layout = None
+    if out is not None:
+        _tensor("out", out)
+        if str(out.dtype).removeprefix("torch.") != quant.fmt.torch_name or tuple(out.shape) != tuple(x.shape):
+            raise InputError(f"out has dtype {out.dtype} and shape {tuple(out.shape)}: it must be "
+                             f"{quant.fmt.torch_name} of x's shape {tuple(x.shape)}")
+        stride = row_stride(out)
+        if stride is None:
+            raise InputError(f"out with shape {tuple(out.shape)} and strides {out.stride()} is not rows")
+        layout = RowsShape(DType.FP32, x.numel() // x.shape[-1], x.shape[-1], stride)  # dtype: unused here
+    if scales_out is not None:
+        if quant.kind is Quant.STATIC:
+            raise InputError("scales_out was given with a static scale: the scale is the call's own")
+        _tensor("scales_out", scales_out)
+        if scales_out.dtype != _torch_dtype("float32") or tuple(scales_out.shape) != quant.scales_shape \
+                or not scales_out.is_contiguous():
+            raise InputError(f"scales_out has dtype {scales_out.dtype} and shape {tuple(scales_out.shape)}: it must be "
+                             f"contiguous float32 of shape {quant.scales_shape}")
+    return layout
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
 
 
 # -- what the kernels take ------------------------------------------------------------------------------

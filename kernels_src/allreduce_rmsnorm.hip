@@ -1,7 +1,7 @@
 // allreduce_rmsnorm: ar = T(sum over ranks of x_r, fp32, rank order); residual_out = T(ar + residual);
-// out = RMSNorm(residual_out) * (weight + offset) (docs/design.md sections 1 and 1b); residual and the
-// outputs have their own row strides (elements), the inputs are contiguous (staged or registered). Block b owns rows b, b + grid, ... on every
-// rank. FA_TWO_STAGE 0 (one-stage, small m): every rank reads whole rows from all N inputs.
+// out = RMSNorm(residual_out) * (weight + offset), in T or FP8 (docs/design.md sections 1 and 1b); residual
+// and the outputs have their own row strides (elements), the inputs are contiguous (staged or registered).
+// Block b owns rows b, b + grid, ... on every rank. FA_TWO_STAGE 0 (one-stage, small m): every rank reads whole rows from all N inputs.
 // FA_TWO_STAGE 1: stage 1 reduces this rank's 1/N of each owned row's packs and stores the T result into
 // every rank's tmp; a barrier; stage 2 runs add + RMSNorm on the complete rows in the local tmp.
 // Both end with a barrier, so no rank starts overwriting buffers (input, tmp) that a peer still reads.
@@ -36,10 +36,11 @@ struct fa_peer_source_t {
 };
 
 extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
-    const fa_peers_t* __restrict__ peers, int rank, fa_elem_t* __restrict__ out,
+    const fa_peers_t* __restrict__ peers, int rank, fa_out_t* __restrict__ out,
     fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT residual,
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
-    fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_i64 timeout_ns) {
+    fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, float* __restrict__ scales, int group,
+    fa_i64 scales_stride, fa_i64 timeout_ns) {
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
   const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);
@@ -65,7 +66,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
     const fa_peer_source_t src = {peers, local_tmp, (fa_i64)row * packs};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
-                            residual + row * residual_stride, weight};
+                            residual + row * residual_stride, weight, scales + row * scales_stride, group};
     fa_add_rmsnorm_row(src, io, cols, eps, weight_offset);
   }
   if (fa_barrier(bar, FA_PHASE_END)) fa_barrier_end(bar);  // no peer still reads this rank's input or writes its tmp

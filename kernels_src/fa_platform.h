@@ -63,6 +63,14 @@ FA_INLINE fa_u16 fa_float_to_half_bits(float f) { return __builtin_bit_cast(fa_u
 
 FA_INLINE float fa_sqrt(float x) { return __builtin_sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return __builtin_sqrt(x); }
+FA_INLINE float fa_rint(float x) { return __builtin_rintf(x); }  // nearest even
+FA_INLINE float fa_abs(float x) { return __builtin_fabsf(x); }
+FA_INLINE float fa_div(float a, float b) { return a / b; }      // IEEE: no fast-math flag is ever given
+
+// Max of non-negative floats as their bit patterns (NaN's bits exceed every number's, so it wins), into LDS.
+FA_INLINE void fa_shared_max_u32(fa_u32* p, fa_u32 v) {
+  __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 
 // Cross-GPU flags: release/acquire at system scope (emit buffer_wbl2 / buffer_inv on gfx90a and gfx942), so
 // data written before a flag store is visible to the peer GPU that acquires the flag. __hip_atomic_* with
@@ -134,6 +142,11 @@ FA_INLINE fa_u16 fa_float_to_half_bits(float f) {
 
 FA_INLINE float fa_sqrt(float x) { return sqrtf(x); }
 FA_INLINE double fa_sqrt(double x) { return sqrt(x); }
+FA_INLINE float fa_rint(float x) { return rintf(x); }  // nearest even
+FA_INLINE float fa_abs(float x) { return fabsf(x); }
+FA_INLINE float fa_div(float a, float b) { return __fdiv_rn(a, b); }  // IEEE, whatever the flags
+
+FA_INLINE void fa_shared_max_u32(fa_u32* p, fa_u32 v) { atomicMax(p, v); }
 
 // Cross-GPU flags: release/acquire at system scope, so data written before a flag store is visible to
 // the peer GPU (or process) that acquires the flag.

@@ -1,4 +1,5 @@
-// fa_reduce.h: the one sum reduction every kernel uses, per wave and per block.
+// fa_reduce.h: the one reduction every kernel uses, per wave and per block: a sum, or a max (of non-negative
+// values: the FP8 scales' amax, where lanes outside a DPP row mask contribute 0).
 // AMD: a DPP tree (quad_perm, row_ror, row_bcast15/31, readlane), no LDS traffic; ds_bpermute only
 // where DPP cannot express the lane pattern. NVIDIA: a __shfl_xor_sync butterfly.
 // Every lane returns the same bits, so every rank that runs the same code gets the same sum.
@@ -21,16 +22,16 @@ struct fa_words {
   int w[sizeof(T) / 4];
 };
 
-// v + (v moved by CTRL). Rows outside ROW_MASK keep the old value 0 (+0.0) and so add nothing.
-template <int CTRL, int ROW_MASK, typename T>
-FA_INLINE T fa_dpp_add(T v) {
+// Op(v, v moved by CTRL). Rows outside ROW_MASK keep the old value 0 (+0.0), the identity of both ops.
+template <int CTRL, int ROW_MASK, class Op, typename T>
+FA_INLINE T fa_dpp_combine(T v) {
   const fa_words<T> in = __builtin_bit_cast(fa_words<T>, v);
   fa_words<T> moved;
 #pragma unroll
   for (int i = 0; i < (int)(sizeof(T) / 4); ++i) {
     moved.w[i] = __builtin_amdgcn_update_dpp(0, in.w[i], CTRL, ROW_MASK, FA_DPP_ALL_BANKS, false);
   }
-  return v + __builtin_bit_cast(T, moved);
+  return Op::apply(v, __builtin_bit_cast(T, moved));
 }
 
 template <typename T>
@@ -50,38 +51,56 @@ FA_INLINE T fa_bpermute(T v, int src_lane) {
 }
 #endif
 
-// Sum over one wave, T = float or double. Every lane returns the same bits.
-template <typename T>
-FA_INLINE T fa_wave_reduce_sum(T v) {
+struct fa_sum_op {
+  template <typename T>
+  static FA_INLINE T apply(T a, T b) { return a + b; }
+};
+
+// The larger; a NaN in either wins (as torch's amax), so a NaN row gets a NaN scale.
+struct fa_max_op {
+  template <typename T>
+  static FA_INLINE T apply(T a, T b) { return (a > b || a != a) ? a : b; }
+};
+
+// Op over one wave, T = float or double. Every lane returns the same bits.
+template <class Op, typename T>
+FA_INLINE T fa_wave_reduce(T v) {
 #if FA_AMD && FA_WAVE_SIZE == 64
-  v = fa_dpp_add<FA_DPP_QUAD_PERM(1, 0, 3, 2), FA_DPP_ALL_ROWS>(v);  // lane pairs
-  v = fa_dpp_add<FA_DPP_QUAD_PERM(2, 3, 0, 1), FA_DPP_ALL_ROWS>(v);  // quads of 4
-  v = fa_dpp_add<FA_DPP_ROW_ROR(4), FA_DPP_ALL_ROWS>(v);             // 8 lanes
-  v = fa_dpp_add<FA_DPP_ROW_ROR(8), FA_DPP_ALL_ROWS>(v);             // rows of 16
-  v = fa_dpp_add<FA_DPP_ROW_BCAST15, 0xa>(v);  // rows 1 and 3 add lane 15 of rows 0 and 2
-  v = fa_dpp_add<FA_DPP_ROW_BCAST31, 0xc>(v);  // rows 2 and 3 add lane 31: lane 63 holds the sum
-  // One lane's value for all lanes: the row sums above differ in association from lane to lane.
+  v = fa_dpp_combine<FA_DPP_QUAD_PERM(1, 0, 3, 2), FA_DPP_ALL_ROWS, Op>(v);  // lane pairs
+  v = fa_dpp_combine<FA_DPP_QUAD_PERM(2, 3, 0, 1), FA_DPP_ALL_ROWS, Op>(v);  // quads of 4
+  v = fa_dpp_combine<FA_DPP_ROW_ROR(4), FA_DPP_ALL_ROWS, Op>(v);             // 8 lanes
+  v = fa_dpp_combine<FA_DPP_ROW_ROR(8), FA_DPP_ALL_ROWS, Op>(v);             // rows of 16
+  v = fa_dpp_combine<FA_DPP_ROW_BCAST15, 0xa, Op>(v);  // rows 1 and 3 take in lane 15 of rows 0 and 2
+  v = fa_dpp_combine<FA_DPP_ROW_BCAST31, 0xc, Op>(v);  // rows 2 and 3 take in lane 31: lane 63 holds it all
+  // One lane's value for all lanes: the row results above differ in association from lane to lane.
   return fa_readlane(v, 63);
 #elif FA_AMD
   // Wave sizes without row broadcasts: an xor butterfly through ds_bpermute.
 #pragma unroll
-  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) v += fa_bpermute(v, fa_lane() ^ offset);
+  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) v = Op::apply(v, fa_bpermute(v, fa_lane() ^ offset));
   return v;
 #else
-  // a + b == b + a bit for bit, so both partners of every butterfly step hold the same value.
+  // Op(a, b) == Op(b, a) bit for bit, so both partners of every butterfly step hold the same value.
 #pragma unroll
-  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = FA_WAVE_SIZE / 2; offset > 0; offset >>= 1) {
+    v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
   return v;
 #endif
 }
 
-// Sum over the whole block; every thread of the block must call it. Returns the same bits to all threads.
-template <int BLOCK, typename T>
-FA_INLINE T fa_block_reduce_sum(T v) {
+template <typename T>
+FA_INLINE T fa_wave_reduce_sum(T v) {
+  return fa_wave_reduce<fa_sum_op>(v);
+}
+
+// Op over the whole block; every thread of the block must call it. Returns the same bits to all threads.
+template <int BLOCK, class Op, typename T>
+FA_INLINE T fa_block_reduce(T v) {
   constexpr int kWaves = (BLOCK + FA_WAVE_SIZE - 1) / FA_WAVE_SIZE;
   static_assert(BLOCK % FA_WAVE_SIZE == 0, "block size must be a whole number of waves");
-  static_assert(kWaves <= FA_WAVE_SIZE, "one wave must be able to hold every wave's partial sum");
-  v = fa_wave_reduce_sum(v);
+  static_assert(kWaves <= FA_WAVE_SIZE, "one wave must be able to hold every wave's partial result");
+  v = fa_wave_reduce<Op>(v);
   if constexpr (kWaves == 1) {
     return v;
   } else {
@@ -90,6 +109,11 @@ FA_INLINE T fa_block_reduce_sum(T v) {
     fa_sync_block();  // every wave's partial is in LDS before any wave reads them
     const T t = fa_lane() < kWaves ? partial[fa_lane()] : T(0);
     fa_sync_block();  // every read is done before a later call (the next row) overwrites partial[]
-    return fa_wave_reduce_sum(t);
+    return fa_wave_reduce<Op>(t);
   }
+}
+
+template <int BLOCK, typename T>
+FA_INLINE T fa_block_reduce_sum(T v) {
+  return fa_block_reduce<BLOCK, fa_sum_op>(v);
 }

@@ -2,10 +2,23 @@
 // local add_rmsnorm kernel and the fused all-reduce kernels, which differ only in where a row's values come
 // from (a Source: x itself, every rank's input, the local two-stage buffer). It never touches a peer's
 // memory itself. Rendering defines FA_WEIGHT (FA_WEIGHT_SAME | FP32 | NONE), FA_RESIDUAL (0: no residual
-// add, residual_out = the row's values) and FA_REG_PACKS.
+// add, residual_out = the row's values), FA_QUANT (FA_QUANT_NONE: out in T; STATIC | TOKEN | GROUP: out in
+// FP8 with a given, per-row or per-group scale) and FA_REG_PACKS.
 #pragma once
 #include "fa_types.h"
 #include "fa_reduce.h"
+#include "fa_fp8.h"
+
+#define FA_QUANT_NONE 0
+#define FA_QUANT_STATIC 1
+#define FA_QUANT_TOKEN 2
+#define FA_QUANT_GROUP 3
+
+#if FA_QUANT == FA_QUANT_NONE
+typedef fa_elem_t fa_out_t;
+#else
+typedef fa_u8 fa_out_t;
+#endif
 
 #define FA_WEIGHT_SAME 0  // weight has x's dtype
 #define FA_WEIGHT_FP32 1  // fp32 weight with a 16-bit T (Gemma checkpoints in vLLM)
@@ -103,11 +116,51 @@ struct fa_local_source_t {
 
 // The output side of one row: the rows it reads or writes, already offset by their row strides.
 struct fa_row_io_t {
-  fa_elem_t* out;
+  fa_out_t* out;  // T, or FP8 codes (FA_QUANT)
   fa_elem_t* residual_out;
   const fa_elem_t* residual;
   const fa_weight_t* weight;
+  float* scales;  // FA_QUANT_STATIC: the scale (read); TOKEN: this row's scale; GROUP: this row's scales
+  int group;      // FA_QUANT_GROUP: columns per group (a whole number of packs)
 };
+
+// y = float(T(residual_out * inv_rms * (weight + offset))): the call's own unquantized out, as a float.
+FA_INLINE void fa_normalized(const fa_pack_t& residual_out, const fa_wpack_t& weight, fa_norm_t inv_rms, float offset,
+                             float (&y)[FA_PACK_ELEMS]) {
+  float w[FA_PACK_ELEMS];
+  fa_unpack(residual_out, y);
+  fa_unpack_weight(weight, w);
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) y[i] = fa_round_to_elem(fa_scale(y[i], w[i], inv_rms, offset));
+}
+
+// clamp(y * inv, -M, M) as FP8 codes (a NaN stays NaN: no fmin/fmax), stored as one access of a pack's bytes.
+FA_INLINE float fa_fp8_clamp(float v) { return v < -FA_FP8_MAX ? -FA_FP8_MAX : (v > FA_FP8_MAX ? FA_FP8_MAX : v); }
+
+FA_INLINE void fa_store_fp8_pack(fa_u8* row, int pack, const float (&y)[FA_PACK_ELEMS], float inv) {
+#if FA_PACK_ELEMS == 1
+  row[pack] = fa_fp8(fa_fp8_clamp(y[0] * inv));
+#else
+  fa_u32 words[(FA_PACK_ELEMS + 3) / 4] = {};
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; i += 2) {
+    words[i / 4] |= fa_fp8x2(fa_fp8_clamp(y[i] * inv), fa_fp8_clamp(y[i + 1] * inv)) << (8 * (i % 4));
+  }
+#if FA_PACK_ELEMS == 2
+  reinterpret_cast<unsigned short*>(row)[pack] = (unsigned short)words[0];
+#elif FA_PACK_ELEMS == 4
+  reinterpret_cast<fa_u32*>(row)[pack] = words[0];
+#else
+  reinterpret_cast<fa_u64*>(row)[pack] = (fa_u64)words[0] | ((fa_u64)words[1] << 32);
+#endif
+#endif
+}
+
+// The scale of an amax: max(amax / M, 1 / (512 M)), in fp32 IEEE (the minimum rounded from double, as torch
+// rounds the Python scalar of its clamp).
+FA_INLINE float fa_fp8_scale(float amax) {
+  return fa_max_op::apply(fa_div(amax, FA_FP8_MAX), (float)(1.0 / (512.0 * (double)FA_FP8_MAX)));
+}
 
 // One row: residual_out = T(ar + residual), out = T(residual_out * inv_rms * (weight + offset)), ar the
 // Source's values (already T). All loads of a thread's first FA_REG_PACKS packs (values, residual, weight)
@@ -166,6 +219,7 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
 
   const fa_norm_t inv_rms = fa_inv_rms(fa_block_reduce_sum<FA_BLOCK>(sumsq), cols, eps);
 
+#if FA_QUANT == FA_QUANT_NONE
 #pragma unroll
   for (int k = 0; k < FA_REG_PACKS; ++k) {
     const int p = tid + k * FA_BLOCK;
@@ -182,4 +236,68 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
       fa_store_elem(io.out, tail_col, fa_scale(ro, fa_weight_elem(io.weight, tail_col), inv_rms, offset));
     }
   }
+#else
+  // FP8: y = float(out) as above; scales from its amax (none for a static scale); then q = F8(clamp(y / s)).
+  // y is computed twice, the same arithmetic both times, rather than held across the amax reduction.
+  auto each_pack = [&](auto&& take) {  // take(pack, y): the register packs, then the rest re-read
+#pragma unroll
+    for (int k = 0; k < FA_REG_PACKS; ++k) {
+      const int p = tid + k * FA_BLOCK;
+      if (p < packs) {
+        float y[FA_PACK_ELEMS];
+        fa_normalized(rs[k], ws[k], inv_rms, offset, y);
+        take(p, y);
+      }
+    }
+    for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
+      float y[FA_PACK_ELEMS];
+      fa_normalized(fa_load_pack(io.residual_out, p), fa_load_wpack(io.weight, p), inv_rms, offset, y);
+      take(p, y);
+    }
+  };
+  const int tail_col = packs * FA_PACK_ELEMS + tid;
+  auto tail_y = [&]() {
+    const float ro = fa_load_elem(io.residual_out, tail_col);
+    return fa_round_to_elem(fa_scale(ro, fa_weight_elem(io.weight, tail_col), inv_rms, offset));
+  };
+#if FA_QUANT == FA_QUANT_GROUP
+  extern __shared__ fa_u32 fa_group_amax[];  // one word per group of the row: the launch sizes it
+  const int packs_per_group = io.group / FA_PACK_ELEMS;
+  for (int g = tid; g < cols / io.group; g += FA_BLOCK) fa_group_amax[g] = 0u;
+  fa_sync_block();  // zeroed before any thread takes a max into it
+  each_pack([&](int p, const float (&y)[FA_PACK_ELEMS]) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < FA_PACK_ELEMS; ++i) m = fa_max_op::apply(m, fa_abs(y[i]));
+    fa_shared_max_u32(&fa_group_amax[p / packs_per_group], fa_float_as_u32(m));
+  });
+  fa_sync_block();  // every group's amax is complete
+  for (int g = tid; g < cols / io.group; g += FA_BLOCK) io.scales[g] = fa_fp8_scale(fa_u32_as_float(fa_group_amax[g]));
+  auto inv_of = [&](int p) { return fa_div(1.0f, fa_fp8_scale(fa_u32_as_float(fa_group_amax[p / packs_per_group]))); };
+#else
+#if FA_QUANT == FA_QUANT_TOKEN
+  float amax = 0.0f;
+  each_pack([&](int, const float (&y)[FA_PACK_ELEMS]) {
+#pragma unroll
+    for (int i = 0; i < FA_PACK_ELEMS; ++i) amax = fa_max_op::apply(amax, fa_abs(y[i]));
+  });
+  if constexpr (Source::has_tail) {
+    if (tail_col < cols) amax = fa_max_op::apply(amax, fa_abs(tail_y()));
+  }
+  const float scale = fa_fp8_scale(fa_block_reduce<FA_BLOCK, fa_max_op>(amax));
+  if (tid == 0) io.scales[0] = scale;
+#else
+  const float scale = io.scales[0];  // the static scale
+#endif
+  const float inv_row = fa_div(1.0f, scale);
+  auto inv_of = [&](int) { return inv_row; };
+#endif
+  each_pack([&](int p, const float (&y)[FA_PACK_ELEMS]) { fa_store_fp8_pack(io.out, p, y, inv_of(p)); });
+  if constexpr (Source::has_tail) {  // (groups are whole packs: no tail with FA_QUANT_GROUP)
+    if (tail_col < cols) io.out[tail_col] = fa_fp8(fa_fp8_clamp(tail_y() * inv_of(0)));
+  }
+#if FA_QUANT == FA_QUANT_GROUP
+  fa_sync_block();  // every read of this row's group amax is done before the next row zeroes them
+#endif
+#endif
 }

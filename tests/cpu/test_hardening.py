@@ -85,7 +85,8 @@ def test_clear_through_a_symlinked_cache_directory_is_refused(tmp_path):
 def test_clear_leaves_files_that_are_not_entries(tmp_path):
     cache, key = _built(tmp_path)
     shard = cache.root / key[:2]
-    strangers = [shard / "notes.json", shard / f"{'0' * 64}.bin", shard / f"{key}.bin.orig"]
+    other = ("1" if key[0] == "0" else "0") * 64  # a key's name, but of another shard
+    strangers = [shard / "notes.json", shard / f"{other}.bin", shard / f"{key}.bin.orig"]
     for p in strangers:
         p.write_text("not fused_ar's")
     (shard / f"{key[:2]}{'e' * 62}.json").mkdir()  # a directory with an entry's name
