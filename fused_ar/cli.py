@@ -443,6 +443,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "fp8":
+        from .bench.fp8 import bench_fp8
+
+        args.m, args.hidden = args.m or [1, 16, 128, 1024], args.hidden or [4096, 8192]
+        return bench_fp8(args)
     if args.what == "host":
         from .bench.host import bench_host
 
@@ -535,9 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, the local add_rmsnorm, "
                                      "or the host cost of eager calls", formatter_class=fmt)
-    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host"], default="allreduce_rmsnorm",
+    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host", "fp8"],
+                   default="allreduce_rmsnorm",
                    help="which suite (host: CPU us per eager call, at the first --m (default 8), --hidden "
-                        "(default 8192), --tp and --dtype)")
+                        "(default 8192), --tp and --dtype; fp8: the fused FP8 output against torch's quantization "
+                        "after ours, at --tp, --m (default 1,16,128,1024), --hidden (default 4096,8192))")
     p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8], help="group sizes")
     p.add_argument("--m", type=_type("m", _sizes), default=None,
                    help=f"rows: a list and/or ranges, e.g. 1,2,4 or 1..1024 (doubling) or 64..512:64 (default "

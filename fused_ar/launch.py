@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional, Sequence
 from .cache import default_cache
 from .kernels import kernel_def
 from .runtime import current_runtime, device_arch, pack_args
-from .spec import DEFAULT_PACK, DType, KernelSpec, Op, WeightKind
+from .spec import DEFAULT_PACK, DType, Fp8Format, KernelSpec, Op, Quant, WeightKind
 
 # Per-process memos: a device's arch never changes, and a loaded function stays valid for the process.
 _archs: dict[int, str] = {}
@@ -27,15 +27,16 @@ def arch_of(device: int) -> str:
 
 
 def spec_for(op: Op, dtype: DType, device: int, block: int, ngpus: int = 1, pack: int = DEFAULT_PACK,
-             weight: WeightKind = WeightKind.SAME, residual: bool = True, inplace: bool = False) -> KernelSpec:
-    return _spec(op, dtype, arch_of(device), pack, ngpus, block, weight, residual, inplace)
+             weight: WeightKind = WeightKind.SAME, residual: bool = True, inplace: bool = False,
+             quant: Quant = Quant.NONE, fp8: Fp8Format = Fp8Format.E4M3FN) -> KernelSpec:
+    return _spec(op, dtype, arch_of(device), pack, ngpus, block, weight, residual, inplace, quant, fp8)
 
 
 @lru_cache(maxsize=4096)
 def _spec(op: Op, dtype: DType, arch: str, pack: int, ngpus: int, block: int, weight: WeightKind, residual: bool,
-          inplace: bool) -> KernelSpec:
+          inplace: bool, quant: Quant, fp8: Fp8Format) -> KernelSpec:
     """Specs are values: build (and validate) each once per process, not on every call."""
-    return KernelSpec(op, dtype, arch, pack, ngpus, block, weight, residual, inplace)
+    return KernelSpec(op, dtype, arch, pack, ngpus, block, weight, residual, inplace, quant, fp8)
 
 
 def function(spec: KernelSpec, device: int) -> Any:

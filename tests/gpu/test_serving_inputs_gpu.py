@@ -6,6 +6,8 @@ within 1 ulp, all ranks equal); graph capture of a strided x."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -138,22 +140,24 @@ def test_graph_capture_of_a_strided_x(group):
     weight = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
     outs = [(poisoned(residual), poisoned(residual)) for _ in comms]
     run_ranks(group, lambda r, c: c.allreduce_rmsnorm(xs[r], residual, weight, out=outs[r][0], residual_out=outs[r][1]))
-    capture = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=capture):
+    graphs = []  # one graph per rank on its own stream, as one process per GPU captures it
+    with contextlib.ExitStack() as stack:
+        for c in comms:
+            stack.enter_context(c.capture())
         for r, (c, s) in enumerate(zip(comms, streams)):
-            s.wait_stream(capture)
-            with torch.cuda.stream(s):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
                 c.allreduce_rmsnorm(xs[r], residual, weight, out=outs[r][0], residual_out=outs[r][1])
-            capture.wait_stream(s)
-    for c in comms:
-        c.register_graph_buffers()
+            graphs.append(g)
     for trial in range(3):
         for w in wides:
             w.copy_(torch.randn_like(w))  # new rows, and new values between them
         for o in outs:
             o[0].fill_(float("nan")), o[1].fill_(float("nan"))
-        graph.replay()
+        torch.cuda.synchronize()
+        for g, s in zip(graphs, streams):
+            with torch.cuda.stream(s):
+                g.replay()
         torch.cuda.synchronize()
         assert all(c.error_code() == 0 for c in comms)
         assert_rmsnorm_matches(xs, residual, weight, 1e-6, outs[0][0], outs[0][1])
