@@ -57,6 +57,15 @@ def preload(specs: Iterable[KernelSpec], device: int) -> None:
         function(spec, device)
 
 
+def named_args(spec: KernelSpec, **values: Any) -> list[Any]:
+    """A kernel's arguments in its C parameter order from their names; the ones not named are 0."""
+    params = kernel_def(spec.op).params
+    unknown = set(values) - {name for name, _ in params}
+    if unknown:
+        raise ValueError(f"{spec.op.value} has no parameter {sorted(unknown)}")
+    return [values.get(name, 0) for name, _ in params]
+
+
 def launch(spec: KernelSpec, device: int, grid: int, args: Sequence[Any], stream: Optional[int] = None) -> None:
     """Launches `spec` with `args` (Python values, packed by the op's C parameter list) on `stream`,
     torch's current stream of `device` by default."""

@@ -136,7 +136,7 @@ def _child(request: dict) -> None:
     import torch
 
     from .kernels import add_rmsnorm_block
-    from .launch import launch, spec_for
+    from .launch import launch, named_args, spec_for
     from .runtime import current_runtime
     from .spec import DType, Op
 
@@ -152,8 +152,10 @@ def _child(request: dict) -> None:
             peer = rt.ipc_open(handle, e)
             try:
                 # residual_out = T(x + 0) = x: loaded from the peer's pattern, stored into its region i
-                launch(spec, e, ROWS, (out.data_ptr(), peer + REGION * (1 + i), peer, residual.data_ptr(),
-                                       weight.data_ptr(), ROWS, COLS, 1e-6))
+                launch(spec, e, ROWS, named_args(spec, out=out.data_ptr(), residual_out=peer + REGION * (1 + i),
+                                                 x=peer, residual=residual.data_ptr(), weight=weight.data_ptr(),
+                                                 rows=ROWS, cols=COLS, eps=1e-6, x_stride=COLS, residual_stride=COLS,
+                                                 out_stride=COLS, residual_out_stride=COLS))
                 torch.cuda.synchronize(e)
             finally:
                 rt.ipc_close(peer, e)

@@ -156,6 +156,20 @@ FA_INLINE void fa_store_fp8_pack(fa_u8* row, int pack, const float (&y)[FA_PACK_
 #endif
 }
 
+// max |y| of a pack (a NaN wins).
+FA_INLINE float fa_abs_max(const float (&y)[FA_PACK_ELEMS]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) m = fa_max_op::apply(m, fa_abs(y[i]));
+  return m;
+}
+
+// y of one tail column (a row that is not a whole number of packs), from this thread's residual_out.
+FA_INLINE float fa_tail_y(const fa_row_io_t& io, int col, fa_norm_t inv_rms, float offset) {
+  const float ro = fa_load_elem(io.residual_out, col);
+  return fa_round_to_elem(fa_scale(ro, fa_weight_elem(io.weight, col), inv_rms, offset));
+}
+
 // The scale of an amax: max(amax / M, 1 / (512 M)), in fp32 IEEE (the minimum rounded from double, as torch
 // rounds the Python scalar of its clamp).
 FA_INLINE float fa_fp8_scale(float amax) {
@@ -239,65 +253,53 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
 #else
   // FP8: y = float(out) as above; scales from its amax (none for a static scale); then q = F8(clamp(y / s)).
   // y is computed twice, the same arithmetic both times, rather than held across the amax reduction.
-  auto each_pack = [&](auto&& take) {  // take(pack, y): the register packs, then the rest re-read
-#pragma unroll
-    for (int k = 0; k < FA_REG_PACKS; ++k) {
-      const int p = tid + k * FA_BLOCK;
-      if (p < packs) {
-        float y[FA_PACK_ELEMS];
-        fa_normalized(rs[k], ws[k], inv_rms, offset, y);
-        take(p, y);
-      }
-    }
-    for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {
-      float y[FA_PACK_ELEMS];
-      fa_normalized(fa_load_pack(io.residual_out, p), fa_load_wpack(io.weight, p), inv_rms, offset, y);
-      take(p, y);
-    }
-  };
+  // FA_EACH_Y(BODY) runs BODY with p (the pack) and y (its values): the register packs, then the rest re-read.
+#define FA_EACH_Y(BODY)                                                                                     \
+  _Pragma("unroll") for (int k = 0; k < FA_REG_PACKS; ++k) {                                               \
+    const int p = tid + k * FA_BLOCK;                                                                      \
+    if (p < packs) {                                                                                       \
+      float y[FA_PACK_ELEMS];                                                                              \
+      fa_normalized(rs[k], ws[k], inv_rms, offset, y);                                                     \
+      BODY                                                                                                 \
+    }                                                                                                      \
+  }                                                                                                        \
+  for (int p = tid + FA_REG_PACKS * FA_BLOCK; p < packs; p += FA_BLOCK) {                                  \
+    float y[FA_PACK_ELEMS];                                                                                \
+    fa_normalized(fa_load_pack(io.residual_out, p), fa_load_wpack(io.weight, p), inv_rms, offset, y);      \
+    BODY                                                                                                   \
+  }
   const int tail_col = packs * FA_PACK_ELEMS + tid;
-  auto tail_y = [&]() {
-    const float ro = fa_load_elem(io.residual_out, tail_col);
-    return fa_round_to_elem(fa_scale(ro, fa_weight_elem(io.weight, tail_col), inv_rms, offset));
-  };
 #if FA_QUANT == FA_QUANT_GROUP
   extern __shared__ fa_u32 fa_group_amax[];  // one word per group of the row: the launch sizes it
   const int packs_per_group = io.group / FA_PACK_ELEMS;
   for (int g = tid; g < cols / io.group; g += FA_BLOCK) fa_group_amax[g] = 0u;
   fa_sync_block();  // zeroed before any thread takes a max into it
-  each_pack([&](int p, const float (&y)[FA_PACK_ELEMS]) {
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < FA_PACK_ELEMS; ++i) m = fa_max_op::apply(m, fa_abs(y[i]));
-    fa_shared_max_u32(&fa_group_amax[p / packs_per_group], fa_float_as_u32(m));
-  });
+  FA_EACH_Y({ fa_shared_max_u32(&fa_group_amax[p / packs_per_group], fa_float_as_u32(fa_abs_max(y))); })
   fa_sync_block();  // every group's amax is complete
   for (int g = tid; g < cols / io.group; g += FA_BLOCK) io.scales[g] = fa_fp8_scale(fa_u32_as_float(fa_group_amax[g]));
-  auto inv_of = [&](int p) { return fa_div(1.0f, fa_fp8_scale(fa_u32_as_float(fa_group_amax[p / packs_per_group]))); };
+  FA_EACH_Y({
+    fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, fa_fp8_scale(fa_u32_as_float(fa_group_amax[p / packs_per_group]))));
+  })
+  fa_sync_block();  // every read of this row's group amax is done before the next row zeroes them
+  (void)tail_col;  // groups are whole packs: a row with a tail has no groups
 #else
 #if FA_QUANT == FA_QUANT_TOKEN
   float amax = 0.0f;
-  each_pack([&](int, const float (&y)[FA_PACK_ELEMS]) {
-#pragma unroll
-    for (int i = 0; i < FA_PACK_ELEMS; ++i) amax = fa_max_op::apply(amax, fa_abs(y[i]));
-  });
+  FA_EACH_Y({ amax = fa_max_op::apply(amax, fa_abs_max(y)); })
   if constexpr (Source::has_tail) {
-    if (tail_col < cols) amax = fa_max_op::apply(amax, fa_abs(tail_y()));
+    if (tail_col < cols) amax = fa_max_op::apply(amax, fa_abs(fa_tail_y(io, tail_col, inv_rms, offset)));
   }
   const float scale = fa_fp8_scale(fa_block_reduce<FA_BLOCK, fa_max_op>(amax));
   if (tid == 0) io.scales[0] = scale;
 #else
   const float scale = io.scales[0];  // the static scale
 #endif
-  const float inv_row = fa_div(1.0f, scale);
-  auto inv_of = [&](int) { return inv_row; };
-#endif
-  each_pack([&](int p, const float (&y)[FA_PACK_ELEMS]) { fa_store_fp8_pack(io.out, p, y, inv_of(p)); });
-  if constexpr (Source::has_tail) {  // (groups are whole packs: no tail with FA_QUANT_GROUP)
-    if (tail_col < cols) io.out[tail_col] = fa_fp8(fa_fp8_clamp(tail_y() * inv_of(0)));
+  const float inv = fa_div(1.0f, scale);
+  FA_EACH_Y({ fa_store_fp8_pack(io.out, p, y, inv); })
+  if constexpr (Source::has_tail) {
+    if (tail_col < cols) io.out[tail_col] = fa_fp8(fa_fp8_clamp(fa_tail_y(io, tail_col, inv_rms, offset) * inv));
   }
-#if FA_QUANT == FA_QUANT_GROUP
-  fa_sync_block();  // every read of this row's group amax is done before the next row zeroes them
 #endif
+#undef FA_EACH_Y
 #endif
 }

@@ -33,8 +33,8 @@ def test_add_rmsnorm_per_call_checks_after_the_plan_exists():
     fused_ar.add_rmsnorm(odd, residual, weight, 1e-6, out=out, residual_out=ro)
     assert torch.equal(ro, ref_ro)
     before = (out.clone(), ro.clone())
-    with pytest.raises(InputError, match="overlaps x"):
-        fused_ar.add_rmsnorm(x, residual, weight, 1e-6, out=x, residual_out=ro)
+    with pytest.raises(InputError, match="out overlaps residual"):  # in place is out=x only
+        fused_ar.add_rmsnorm(x, residual, weight, 1e-6, out=residual, residual_out=ro)
     with pytest.raises(InputError, match="overlaps"):
         fused_ar.add_rmsnorm(x, residual, weight, 1e-6, out=out, residual_out=out)
     for eps in (0.0, -1.0, float("nan"), float("inf"), "1e-6", None):
@@ -81,8 +81,9 @@ def test_communicator_per_call_checks_after_the_plan_exists(group):
         c.allreduce_rmsnorm(xs[0], residual, weight, -1.0, out=bufs[0][0], residual_out=bufs[0][1])
     plain = [poisoned(x) for x in xs]
     run_ranks(group, lambda r, cc: cc.allreduce(xs[r], out=plain[r]))
-    with pytest.raises(InputError, match="overlaps"):
-        c.allreduce(xs[0], out=xs[0])
+    big = torch.empty(xs[0].numel() + 8, device="cuda", dtype=xs[0].dtype)
+    with pytest.raises(InputError, match="overlaps"):  # a partial overlap (out=x itself is in place)
+        c.allreduce(big[:xs[0].numel()].view(xs[0].shape), out=big[8:8 + xs[0].numel()].view(xs[0].shape))
     with pytest.raises(UnsupportedShapeError, match="aligned"):
         c.allreduce(xs[0], out=_odd_view(plain[0]))
     assert all(cc.error_code() == 0 for cc in comms)
