@@ -23,10 +23,12 @@ def _quantize(torch: Any, y: Any, mode: str, big: float, fp8: Any, scale: Any, g
     y = y.float()
     if mode == "static":
         s = s_full = scale.reshape(())
-    elif mode == "token":
-        s = s_full = torch.clamp(y.abs().amax(-1, keepdim=True) / big, min=1 / (512 * big))
+    elif mode == "token":  # amax / M as IEEE division (dividing by a Python scalar multiplies by its reciprocal)
+        amax = y.abs().amax(-1, keepdim=True)
+        s = s_full = torch.clamp(amax / torch.full_like(amax, big), min=1 / (512 * big))
     else:
-        s = torch.clamp(y.view(*y.shape[:-1], -1, group).abs().amax(-1) / big, min=1 / (512 * big))
+        amax = y.view(*y.shape[:-1], -1, group).abs().amax(-1)
+        s = torch.clamp(amax / torch.full_like(amax, big), min=1 / (512 * big))
         s_full = s.repeat_interleave(group, dim=-1)
     return (y * (1.0 / s_full)).clamp(-big, big).to(fp8), s
 

@@ -27,14 +27,19 @@ def torch_quant(y: torch.Tensor, mode: str, fmt: str, scale=None, group=None):
         s = scale.reshape(())
         s_full = s
     elif mode == "token":
-        s = torch.clamp(y.abs().amax(-1, keepdim=True) / big, min=1 / (512 * big))
+        s = torch.clamp(_div(y.abs().amax(-1, keepdim=True), big), min=1 / (512 * big))
         s_full = s
     else:
         groups = y.view(*y.shape[:-1], y.shape[-1] // group, group)
-        s = torch.clamp(groups.abs().amax(-1) / big, min=1 / (512 * big))
+        s = torch.clamp(_div(groups.abs().amax(-1), big), min=1 / (512 * big))
         s_full = s.repeat_interleave(group, dim=-1)
     q = (y * (1.0 / s_full)).clamp(-big, big).to(dtype)
     return q, s
+
+
+def _div(a, b: float):
+    """a / b as IEEE division: torch divides by a Python scalar as a multiplication by its reciprocal."""
+    return a / torch.full_like(a, b)
 
 
 def _bits(t):

@@ -98,5 +98,5 @@ def test_plans_follow_the_path_override(group, monkeypatch, forced):
     bufs = [(poisoned(residual), poisoned(residual)) for _ in xs]
     run_ranks(group, lambda r, c: c.allreduce_rmsnorm(xs[r], residual, weight, out=bufs[r][0], residual_out=bufs[r][1]))
     assert_rmsnorm_matches(xs, residual, weight, 1e-6, *bufs[0])
-    plans = [p for k, p in comms[0]._plans.items() if k[2] == forced.encode()]
+    plans = [p for k, p in comms[0]._plans.items() if k[2][0] == forced.encode()]
     assert plans and all(p.spec.op.value.endswith("1stage" if forced == "1" else "2stage") for p in plans)
