@@ -4,15 +4,22 @@
 // narrower tail; FA_PACK_BYTES is the element size where row starts are not 16-byte aligned.
 #include "fa_rmsnorm.h"
 
-// FA_REGISTER_BOUNDS, not FA_LAUNCH_BOUNDS: under __launch_bounds__ alone ptxas held the kernel at 80
-// registers and spilled 4 bytes once rows got a tail (ptxas -v, NVRTC 13); it needs about 106 at 256 threads.
+// Register bounds (fused_ar/kernels.py, FA_MIN_BLOCKS): under __launch_bounds__(FA_BLOCK) alone ptxas held the
+// kernel at 80 registers and spilled 4 bytes once rows got a tail (ptxas -v, NVRTC 13). The common case
+// (16-bit x and weight, T output) asks for FA_MIN_BLOCKS resident blocks, which fits without spilling
+// and keeps 3 blocks of 256 per SM; the others take the whole register file (FA_REGISTER_BOUNDS).
+#if FA_MIN_BLOCKS
+#define FA_ADD_RMSNORM_BOUNDS FA_OCCUPANCY_BOUNDS(FA_BLOCK, FA_MIN_BLOCKS)
+#else
+#define FA_ADD_RMSNORM_BOUNDS FA_REGISTER_BOUNDS(FA_BLOCK)
+#endif
 #if FA_INPLACE  // out may be x, residual_out may be residual: no __restrict__ on what they alias
 #define FA_RESTRICT
 #else
 #define FA_RESTRICT __restrict__
 #endif
 
-extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
+extern "C" __global__ FA_ADD_RMSNORM_BOUNDS void FA_KERNEL_NAME(
     fa_out_t* FA_RESTRICT out, fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT x,
     const fa_elem_t* FA_RESTRICT residual, const fa_weight_t* __restrict__ weight, int rows, int cols, float eps,
     float weight_offset, fa_i64 x_stride, fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride,

@@ -32,6 +32,7 @@ typedef long long fa_i64;
 #endif
 #define FA_LAUNCH_BOUNDS(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
 #define FA_REGISTER_BOUNDS(threads) FA_LAUNCH_BOUNDS(threads)
+#define FA_OCCUPANCY_BOUNDS(threads, blocks) FA_LAUNCH_BOUNDS(threads)
 // CDNA (gfx9) runs 64 lanes per wave; the compiler says so for any target it knows.
 #if defined(__AMDGCN_WAVEFRONT_SIZE__)
 #define FA_WAVE_SIZE __AMDGCN_WAVEFRONT_SIZE__
@@ -113,6 +114,8 @@ FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
 #else  // FA_NVIDIA
 
 #define FA_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// At least `blocks` resident blocks of `threads` per SM: caps registers at 65536 / (threads * blocks).
+#define FA_OCCUPANCY_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
 // The whole register file a block of `threads` may use. ptxas under __launch_bounds__ alone held the
 // cross-GPU kernels at 40-80 registers and spilled (ptxas -v, NVRTC 13); the two cannot be combined.
 #define FA_REGISTER_BOUNDS(threads) __maxnreg__(65536 / (threads) > 255 ? 255 : 65536 / (threads))
