@@ -442,7 +442,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+# Options of one benchmark only: given to another, they would be silently ignored.
+_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "profile": "host"}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    for option, what in _BENCH_ONLY.items():
+        if getattr(args, option) and args.what != what:
+            fail(f"--{option.replace('_', '-')} with bench {args.what}: only bench {what} takes it")
     if args.what == "fp8":
         from .bench.fp8 import bench_fp8
 
@@ -462,6 +469,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             fail(f"dtype {','.join(d.value for d in args.dtype)}: bench add_rmsnorm takes one")
         return bench_add_rmsnorm(argparse.Namespace(
             dtype=args.dtype[0], hidden=args.hidden or [4096, 8192], out=args.out, sweep_blocks=args.sweep_blocks,
+            variants=args.variants,
             m=args.m or [1, 4, 16, 64, 256, 1024, 4096, 16384]))
     from .bench.paths import DEFAULT_PATHS
     from .bench.sweep import run_sweep
@@ -560,6 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the measured crossovers in the cache directory for the communicator's auto path")
     p.add_argument("--one-process", action="store_true", help="emulate every TP on GPU 0 even with several GPUs")
     p.add_argument("--sweep-blocks", action="store_true", help="add_rmsnorm: also time every block size")
+    p.add_argument("--variants", action="store_true",
+                   help="add_rmsnorm: also time strided rows, an fp32 weight and in place against contiguous")
     p.add_argument("--profile", action="store_true", help="host: add cProfile's top functions of the fused calls")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -7,6 +7,7 @@
 #   bash scripts/gpu.sh host    CPU cost of eager calls: python -m fused_ar bench host
 #   bash scripts/gpu.sh bench   the all-reduce suite (BENCH_ARGS, default --tp 2,4,8), packed in bench.tar.gz
 #   bash scripts/gpu.sh cost    what the kernels' timeout and mismatch checks cost (scripts/check_cost.py)
+#   bash scripts/gpu.sh norm    the local add_rmsnorm against torch, with its input variants (strided, fp32 weight)
 #   bash scripts/gpu.sh multi   on 2, 4 or 8 GPUs: the probe, the multi-process tests, the bench at every TP
 #                               with --write-thresholds, then auto against the best forced path
 # Several subcommands run in order: `bash scripts/gpu.sh suite user host`.
@@ -51,6 +52,11 @@ cost() {
   timeout "${COST_TIMEOUT:-200}" python3 scripts/check_cost.py --ranks 8 --m 1 128 --out "$OUT/check_cost.md" 2>&1 | tail -12
 }
 
+norm() {
+  timeout "${NORM_TIMEOUT:-400}" python3 -m fused_ar bench add_rmsnorm --dtype bf16 --hidden 4096,8192 \
+    --m 1,64,1024,16384 --variants --out "$OUT/add_rmsnorm" 2>&1 | tail -30
+}
+
 multi() {
   local tps d1 d2
   tps=$(python3 -c "print(','.join(str(t) for t in (2, 4, 8) if t <= $GPUS))")
@@ -72,7 +78,7 @@ multi() {
 [ $# -gt 0 ] || { sed -n '2,13p' "$0"; exit 2; }
 for step in "$@"; do
   case "$step" in
-    suite|user|host|bench|cost|multi) echo "== gpu.sh $step"; "$step" ;;
-    *) echo "gpu.sh: unknown step '$step' (suite, user, host, bench, cost, multi)"; exit 2 ;;
+    suite|user|host|bench|cost|norm|multi) echo "== gpu.sh $step"; "$step" ;;
+    *) echo "gpu.sh: unknown step '$step' (suite, user, host, bench, cost, norm, multi)"; exit 2 ;;
   esac
 done

@@ -95,6 +95,48 @@ def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[
     return results
 
 
+# Each variant against the contiguous call of the same shape and dtype: (name, x and residual are views of rows
+# 2n wide, fp32 weight, out=x and residual_out=residual). The bar: at most VARIANT_BAR over contiguous at m >= 1024.
+VARIANTS = (("strided", True, False, False), ("fp32 weight", False, True, False), ("in place", False, False, True),
+            ("strided, fp32 weight, in place", True, True, True))
+VARIANT_BAR = 1.03
+VARIANT_MIN_M = 1024
+
+
+def _variant_rows(torch: Any, dtype: Any, eps: float, hidden: list[int], ms: list[int]) -> list[dict[str, Any]]:
+    """Per (m, n): the contiguous call's time and each variant's. Each variant computes on the same values (an
+    fp32 copy of w is the same weight), so its first call must give the contiguous call's bits."""
+    from ..ops import add_rmsnorm
+
+    rows = []
+    for n in hidden:
+        for m in ms:
+            wide = [torch.randn(m, 2 * n, device="cuda", dtype=dtype) for _ in range(2)]
+            w = torch.randn(n, device="cuda", dtype=dtype)
+            x, r = (t[:, :n].contiguous() for t in wide)
+            out, ro = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+            add_rmsnorm(x, r, w, eps, out=out, residual_out=ro)
+            row = {"m": m, "n": n, "contiguous_us": _graph_time_us(
+                torch, lambda: add_rmsnorm(x, r, w, eps, out=out, residual_out=ro))}
+            for name, strided, fp32_weight, in_place in VARIANTS:
+                xs, rs = (t.clone()[:, :n] for t in wide) if strided else (x.clone(), r.clone())
+                weight = w.float() if fp32_weight else w
+                o, q = (xs, rs) if in_place else (torch.full_like(out, float("nan")), torch.full_like(ro, float("nan")))
+
+                def call(xs=xs, rs=rs, weight=weight, o=o, q=q):
+                    add_rmsnorm(xs, rs, weight, eps, out=o, residual_out=q)
+
+                call()
+                if not (torch.equal(q, ro) and torch.equal(o, out)):
+                    raise AssertionError(f"{name}: outputs differ from the contiguous call's at m={m} n={n}")
+                # in place, later calls run on their own outputs: the same work on other values
+                row[f"{name}_us"] = _graph_time_us(torch, call)
+            rows.append(row)
+            print(f"variants m={m:6d} n={n:5d} contiguous {row['contiguous_us']:8.2f} us  " + "  ".join(
+                f"{name} {row[name + '_us'] / row['contiguous_us']:.3f}x" for name, *_ in VARIANTS), flush=True)
+    return rows
+
+
 def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
@@ -142,6 +184,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
                   f"{bw / 1e9:7.0f} GB/s ({100 * bw / copy_bw:5.1f}% of copy)", flush=True)
 
     sweep = _block_sweep(torch, dtype, eps, args.hidden) if args.sweep_blocks else []
+    variant_ms = [m for m in args.m if m >= VARIANT_MIN_M] or [VARIANT_MIN_M]
+    variants = _variant_rows(torch, dtype, eps, args.hidden, variant_ms) if args.variants else []
 
     gpu = torch.cuda.get_device_name(0)
     lines = [f"# add_rmsnorm on {gpu}, {args.dtype.value}",
@@ -169,6 +213,16 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
             picked = add_rmsnorm_block(n * x.element_size() // 16)
             lines.append(f"| {m} | {n} | " + " | ".join(f"{cells[b]:.2f}{'*' if b == picked else ''}" for b in blocks)
                          + " |")
+    if variants:
+        names = [name for name, *_ in VARIANTS]
+        lines += ["", f"Variants against the contiguous call (time ratio; the bar: at most {VARIANT_BAR:.2f} at "
+                  f"m >= {VARIANT_MIN_M}; strided: x and residual are views of rows 2n wide):", "",
+                  "| m | n | contiguous us | " + " | ".join(names) + " |",
+                  "| ---: | ---: | ---: | " + " | ".join("---:" for _ in names) + " |"]
+        for v in variants:
+            lines.append(f"| {v['m']} | {v['n']} | {v['contiguous_us']:.2f} | " + " | ".join(
+                f"{v[name + '_us'] / v['contiguous_us']:.3f}{'' if v[name + '_us'] <= VARIANT_BAR * v['contiguous_us'] else ' (over)'}"
+                for name in names) + " |")
     table = "\n".join(lines) + "\n"
     print(table)
     if args.out:
@@ -177,6 +231,6 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         (out / "add_rmsnorm.md").write_text(table)
         (out / "add_rmsnorm.json").write_text(json.dumps(
             {"gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
-             "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep]},
+             "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep], "variants": variants},
             indent=1))
     return 0

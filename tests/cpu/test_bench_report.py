@@ -207,6 +207,19 @@ def test_bench_without_a_gpu_says_so(capsys):
     assert "needs a GPU" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, option, what", [
+    (["bench", "--profile"], "--profile", "allreduce_rmsnorm"),
+    (["bench", "host", "--variants"], "--variants", "host"),
+    (["bench", "fp8", "--sweep-blocks"], "--sweep-blocks", "fp8")])
+def test_an_option_of_another_bench_is_refused(argv, option, what, capsys):
+    from fused_ar.cli import main
+
+    with pytest.raises(SystemExit) as exit_:  # before anything needs a GPU
+        main(argv)
+    assert exit_.value.code == 2
+    assert f"{option} with bench {what}: only bench" in capsys.readouterr().err
+
+
 def test_thresholds_key_is_dtype_and_hidden():
     t = Thresholds("gfx942", 4, {Thresholds.key("bfloat16", 7168): SizeRule(1, 2)})
     assert t.rule(DType.BF16, 7168) == SizeRule(1, 2) and t.rule(DType.FP16, 7168) == SizeRule()
