@@ -122,7 +122,8 @@ def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
 def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
     """Resident blocks per SM the kernel asks ptxas for (0: no ask, the whole register file): 768 threads'
     worth for 16-bit x with a weight of its dtype, T output and 16-byte access, which fits 78 registers at 256
-    threads without spilling (ptxas -v) and keeps the occupancy of the H200 table in bench/results; the
+    threads without spilling (ptxas -v): the 3 blocks of 256 per SM the kernel had before its row function was
+    shared, whose loss measured 17-18% at n=4096 (bench/results/README.md; the fix itself not yet timed). The
     other variants need more registers than that allows."""
     common = spec.dtype.itemsize == 2 and spec.weight is not WeightKind.FP32 and spec.quant is Quant.NONE \
         and spec.pack == DEFAULT_PACK and spec.block <= 512

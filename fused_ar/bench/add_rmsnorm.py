@@ -8,12 +8,13 @@ fresh random inputs, outputs poisoned and checked before timing. Also the compil
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from .results import publish
 
 CALLS_PER_GRAPH = 20
 REPLAYS = 25
@@ -223,14 +224,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
             lines.append(f"| {v['m']} | {v['n']} | {v['contiguous_us']:.2f} | " + " | ".join(
                 f"{v[name + '_us'] / v['contiguous_us']:.3f}{'' if v[name + '_us'] <= VARIANT_BAR * v['contiguous_us'] else ' (over)'}"
                 for name in names) + " |")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "add_rmsnorm.md").write_text(table)
-        (out / "add_rmsnorm.json").write_text(json.dumps(
-            {"gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
-             "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep], "variants": variants},
-            indent=1))
+    publish("\n".join(lines) + "\n", args.out, "add_rmsnorm", {
+        "gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
+        "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep], "variants": variants})
     return 0

@@ -10,10 +10,10 @@ quantization of the unfused out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 from typing import Any, Callable
+
+from .results import publish
 
 MODES = (("static", None), ("token", None), ("group", 128))
 
@@ -168,11 +168,5 @@ def _report(torch: Any, args: argparse.Namespace, rows: list[dict]) -> int:
              "| TP | n | m | scales | fused us | unfused us | speedup |", "| ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     lines += [f"| {r['tp']} | {r['n']} | {r['m']} | {r['mode']} | {r['fused_us']:.2f} | {r['unfused_us']:.2f} | "
               f"{r['unfused_us'] / r['fused_us']:.2f}x |" for r in rows]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fp8.md").write_text(table)
-        (out / "fp8.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "rows": rows}, indent=1))
+    publish("\n".join(lines) + "\n", args.out, "fp8", {"gpu": gpu, "torch": torch.__version__, "rows": rows})
     return 0

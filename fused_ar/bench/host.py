@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Callable
+
+from .results import publish
 
 WARMUP = 50
 CALLS = 300
@@ -152,15 +152,9 @@ def _report(torch: Any, args: argparse.Namespace, m: int, n: int, tp: int, dtype
     lines += [f"| {name} | {us:.1f} |" for name, us in rows]
     for title, text in profiles.items():
         lines += ["", f"## cProfile: {title} ({CALLS} calls, by own time)", "", "```", text.strip(), "```"]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "host.md").write_text(table)
-        (out / "host.csv").write_text("call,us_per_call\n" + "".join(f"\"{k}\",{v:.3f}\n" for k, v in rows))
-        (out / "host.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "m": m, "n": n, "tp": tp,
-                                                   "dtype": str(dtype), "calls": CALLS, "runs": RUNS,
-                                                   "rows": [{"call": k, "us": v} for k, v in rows]}, indent=1))
+    data = {"gpu": gpu, "torch": torch.__version__, "m": m, "n": n, "tp": tp, "dtype": str(dtype), "calls": CALLS,
+            "runs": RUNS, "rows": [{"call": k, "us": v} for k, v in rows]}
+    csv = "call,us_per_call\n" + "".join(f"\"{k}\",{v:.3f}\n" for k, v in rows)
+    publish("\n".join(lines) + "\n", args.out, "host", data, **{"host.csv": csv})
     return 0
 

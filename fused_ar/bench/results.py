@@ -145,3 +145,17 @@ class Run:
     @classmethod
     def load(cls, path: Path) -> "Run":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def publish(table: str, out: Optional[str], name: str, data: dict[str, Any], **extra: str) -> None:
+    """A single-table benchmark's results: the markdown table printed; with an output directory, also written
+    there as `<name>.md`, the data as `<name>.json`, and each extra file (file name -> text)."""
+    print(table)
+    if not out:
+        return
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.md").write_text(table)
+    (folder / f"{name}.json").write_text(json.dumps(data, indent=1))
+    for file_name, text in extra.items():
+        (folder / file_name).write_text(text)

@@ -258,3 +258,13 @@ def test_communicator_size_rule_is_the_stored_rule_of_the_shape(monkeypatch):
     for _ in range(2):  # the second lookup comes from the per-shape memo
         assert comm.size_rule(DType.BF16, 7168) == SizeRule(1, 2)
         assert comm.size_rule(DType.FP16, 7168) == SizeRule() and comm.size_rule(DType.BF16, 4096) == SizeRule()
+
+
+def test_publish_prints_and_writes_each_file(tmp_path, capsys):
+    from fused_ar.bench.results import publish
+
+    publish("| a |\n", None, "x", {"k": 1})
+    assert capsys.readouterr().out == "| a |\n\n" and not list(tmp_path.iterdir())
+    publish("| a |\n", str(tmp_path / "out"), "x", {"k": 1}, **{"x.csv": "k\n1\n"})
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["x.csv", "x.json", "x.md"]
+    assert json.loads((tmp_path / "out" / "x.json").read_text()) == {"k": 1}

@@ -11,7 +11,7 @@ import torch
 
 from fused_ar import Communicator
 from fused_ar.report import describe_error
-from tests.reference import allreduce_reference, assert_rmsnorm_matches
+from tests.reference import allreduce_reference, assert_rmsnorm_matches, prime_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -21,14 +21,19 @@ NS = [512, 2880, 4096, 7168, 8192, 16384]
 MAX_BYTES = 4096 * 16384 * 4
 
 
-@pytest.fixture(scope="module", params=[2, 4, 8], ids=lambda n: f"N{n}")
-def group(request):
-    comms = Communicator.local_group(request.param, device=0, max_bytes=MAX_BYTES)
-    streams = [torch.cuda.Stream() for _ in comms]
-    yield comms, streams
+def emulated_group(ngpus: int, max_bytes: int):
+    """The body of a group fixture: N ranks on GPU 0 with a stream each, closed after the module."""
+    prime_allocator()
+    comms = Communicator.local_group(ngpus, device=0, max_bytes=max_bytes)
+    yield comms, [torch.cuda.Stream() for _ in comms]
     torch.cuda.synchronize()
     for c in comms:
         c.close()
+
+
+@pytest.fixture(scope="module", params=[2, 4, 8], ids=lambda n: f"N{n}")
+def group(request):
+    yield from emulated_group(request.param, MAX_BYTES)
 
 
 def run_ranks(group, fn):

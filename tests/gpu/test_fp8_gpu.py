@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import fused_ar
-from fused_ar import Communicator, InputError
-from tests.gpu.test_communicator_gpu import run_ranks
-from tests.reference import prime_allocator
+from fused_ar import InputError
+from tests.gpu.test_communicator_gpu import emulated_group, run_ranks
 
 pytestmark = pytest.mark.gpu
 FORMATS = {"e4m3fn": (torch.float8_e4m3fn, 448.0), "e4m3fnuz": (torch.float8_e4m3fnuz, 240.0)}
@@ -107,12 +106,7 @@ def test_bad_fp8_input_is_refused():
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"N{n}")
 def group(request):
-    prime_allocator()
-    comms = Communicator.local_group(request.param, device=0, max_bytes=1000 * 7168 * 4)
-    yield comms, [torch.cuda.Stream() for _ in comms]
-    torch.cuda.synchronize()
-    for c in comms:
-        c.close()
+    yield from emulated_group(request.param, 1000 * 7168 * 4)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

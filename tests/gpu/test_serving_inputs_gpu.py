@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import fused_ar
-from fused_ar import Communicator, UnsupportedShapeError
-from tests.gpu.test_communicator_gpu import poisoned, run_ranks
-from tests.reference import add_rmsnorm_reference, assert_rmsnorm_matches, prime_allocator
+from fused_ar import UnsupportedShapeError
+from tests.gpu.test_communicator_gpu import emulated_group, poisoned, run_ranks
+from tests.reference import add_rmsnorm_reference, assert_rmsnorm_matches
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -75,12 +75,7 @@ def test_outputs_with_their_own_strides():
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"N{n}")
 def group(request):
-    prime_allocator()
-    comms = Communicator.local_group(request.param, device=0, max_bytes=4096 * 8192 * 4)
-    yield comms, [torch.cuda.Stream() for _ in comms]
-    torch.cuda.synchronize()
-    for c in comms:
-        c.close()
+    yield from emulated_group(request.param, 4096 * 8192 * 4)
 
 
 CASES = {
