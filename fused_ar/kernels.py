@@ -61,6 +61,7 @@ def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[i
     specializations of variant_specs, with `fp8` those of fp8_specs (compiled on first use otherwise)."""
     dtypes, ngpus = list(dtypes), list(ngpus)
     base = [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
+    base += [replace(s, short_rows=True) for s in base if s.op is Op.ADD_RMSNORM and s.block in short_row_blocks()]
     specs = list(base)
     if variants:
         specs += [v for s in base for v in variant_specs(s)]
@@ -77,22 +78,27 @@ FP8_MAX_BLOCK = 512
 
 def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
     """An RMSNorm spec's FP8 outputs: each kind of scale, in both formats (blocks up to FP8_MAX_BLOCK)."""
-    if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK:
+    if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK or spec.short_rows:
         return []
     return [replace(spec, quant=q, fp8=f) for q in (Quant.STATIC, Quant.TOKEN, Quant.GROUP) for f in Fp8Format]
 
 
 def check_specs(arch: str) -> list[KernelSpec]:
     """What the compile tests build beyond the warm matrix: every variant of each RMSNorm op and dtype at its
-    largest block (the most registers) and group size."""
+    largest block (the most registers) and group size, and of each short-row kernel (registers bounded)."""
     widest: dict[tuple, KernelSpec] = {}
+    short: list[KernelSpec] = []
     for spec in warm_matrix([arch], list(DType), [1, max(SUPPORTED_NGPUS)]):
+        if spec.short_rows:
+            short.append(spec)
+            continue
         for key in ((spec.op, spec.dtype, False), (spec.op, spec.dtype, True)):  # True: an FP8 block
             if key[2] and spec.block > FP8_MAX_BLOCK:
                 continue
             if key not in widest or spec.block > widest[key].block:
                 widest[key] = spec
-    return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))]
+    return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))] + \
+        [v for spec in short for v in variant_specs(spec)]
 
 
 def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
@@ -109,25 +115,51 @@ def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
 
 def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
     """Packs each thread keeps in registers (x, residual, weight: 3 x 16 bytes each); rows past
-    block * this many packs take the kernel's re-read path. 4 below 1024 threads. At 1024 a thread may
-    hold 64 registers on sm_90 and 128 VGPRs on gfx942: 4 packs spill there (clang-19 remarks), and fp32,
-    whose sum of squares is double, spills at 2 (ptxas -v: 4 bytes), so 2 and 1."""
+    block * this many packs take the kernel's re-read path. 4 below 1024 threads, SHORT_ROW_PACKS for short
+    rows. At 1024 a thread may hold 64 registers on sm_90 and 128 VGPRs on gfx942: 4 packs spill there
+    (clang-19 remarks), and fp32, whose sum of squares is double, spills at 2 (ptxas -v: 4 bytes), so 2 and 1."""
     if spec.block < 1024:
-        return 4
+        return SHORT_ROW_PACKS if spec.short_rows else 4
     # an fp32 weight of a 16-bit x doubles the weight registers, and FP8 output with per-group scales keeps
     # the packs across one more pass: 2 packs spill at 1024 in both (ptxas -v)
     return 1 if spec.dtype is DType.FP32 or spec.weight is WeightKind.FP32 or spec.quant is not Quant.NONE else 2
 
 
+# Rows of at most this many packs a thread hold only these in registers, and their kernels (16-bit x) ask
+# for SHORT_ROW_THREADS resident threads per SM: 64 registers a thread on sm_90, which both weight kinds fit
+# without spilling (ptxas -v). H200 (bench/results/add_rmsnorm_h200_issue20.md), bf16 at m=16384: n=2048
+# 75.3 us against 89.8 with 4 packs at 256 threads, n=8192 (512 threads) 258 against 264; an fp32 weight
+# costs 1.00x the contiguous call against 1.32x (n=2048) and 1.05x (n=8192, m=1024).
+SHORT_ROW_PACKS = 2
+SHORT_ROW_THREADS = 1024
+SHORT_ROW_MAX_BLOCK = 512
+# The common long-row kernel (16-bit x, weight of its dtype, 4 packs): 3 blocks of 256 fit 78 registers
+# without spilling (ptxas -v); under the whole register file (106) only 2 were resident, 17-18% slower at
+# n=4096 (same results file). An fp32 weight needs 128: asking for 3 blocks spills it.
+LONG_ROW_THREADS = 768
+
+
+def add_rmsnorm_short_rows(packs_per_row: int, block: int) -> bool:
+    """Whether add_rmsnorm rows of `packs_per_row` packs, `block` threads each, take the short-row kernel."""
+    return packs_per_row <= SHORT_ROW_PACKS * block
+
+
+def short_row_blocks() -> frozenset[int]:
+    """The block sizes add_rmsnorm_block gives rows that are short: the short-row kernels warm builds."""
+    widest = max(BLOCK_SIZES) * SHORT_ROW_PACKS
+    return frozenset(add_rmsnorm_block(p) for p in range(1, widest + 1)
+                     if add_rmsnorm_short_rows(p, add_rmsnorm_block(p)))
+
+
 def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
-    """Resident blocks per SM the kernel asks ptxas for (0: no ask, the whole register file): 768 threads'
-    worth for 16-bit x with a weight of its dtype, T output and 16-byte access, which fits 78 registers at 256
-    threads without spilling (ptxas -v): the 3 blocks of 256 per SM the kernel had before its row function was
-    shared, whose loss measured 17-18% at n=4096 (bench/results/README.md; the fix itself not yet timed). The
-    other variants need more registers than that allows."""
-    common = spec.dtype.itemsize == 2 and spec.weight is not WeightKind.FP32 and spec.quant is Quant.NONE \
-        and spec.pack == DEFAULT_PACK and spec.block <= 512
-    return max(1, 768 // spec.block) if common else 0
+    """Resident blocks per SM the kernel asks the compiler for (0: no ask, the whole register file): the
+    measured cases above (16-bit x, 16-byte access, T output, up to 512 threads a block). fp32 x, whose sum
+    of squares is double, spills 8 bytes at 1024 threads even with short rows (ptxas -v)."""
+    if spec.dtype.itemsize != 2 or spec.pack != DEFAULT_PACK or spec.block > 512 or spec.quant is not Quant.NONE:
+        return 0
+    if spec.short_rows:
+        return SHORT_ROW_THREADS // spec.block
+    return max(1, LONG_ROW_THREADS // spec.block) if spec.weight is not WeightKind.FP32 else 0
 
 
 ADD_RMSNORM = register(KernelDef(
@@ -143,21 +175,43 @@ ADD_RMSNORM = register(KernelDef(
 ))
 
 
-# Fewest threads per add_rmsnorm row: below 256, too few warps hide the load latency (H200 sweep,
+# Fewest threads per long add_rmsnorm row: below 256, too few warps hide the load latency (H200 sweep,
 # bench/results/add_rmsnorm_h200_sweep.md: 64 and 128 threads lose up to 2x at small m).
 ADD_RMSNORM_MIN_BLOCK = 256
-# Packs per thread the policy aims for: 4 per thread beat 1 or 2 once rows are wide (same sweep:
-# n=8192 at m=16384: 261 us with 256 threads, 314 us with 512, 322 us with 1024).
+# Packs per thread of long rows (and of the one-stage fused kernel): 4 per thread beat 1 or 2 under the whole
+# register file (same sweep: n=8192 at m=16384: 261 us with 256 threads, 314 us with 512, 322 us with 1024).
 ADD_RMSNORM_PACKS_PER_THREAD = 4
 
 
-def add_rmsnorm_block(packs_per_row: int) -> int:
-    """Block size for a row of `packs_per_row` packs: the smallest in BLOCK_SIZES, from
-    ADD_RMSNORM_MIN_BLOCK up, that gives each thread at most ADD_RMSNORM_PACKS_PER_THREAD packs."""
+def _fewest_threads(packs_per_row: int, packs_per_thread: int) -> int:
+    """The smallest block in BLOCK_SIZES, from ADD_RMSNORM_MIN_BLOCK up, that gives each thread at most
+    `packs_per_thread` packs of the row (the largest block if none does)."""
     for block in BLOCK_SIZES:
-        if block >= ADD_RMSNORM_MIN_BLOCK and block * ADD_RMSNORM_PACKS_PER_THREAD >= packs_per_row:
+        if block >= ADD_RMSNORM_MIN_BLOCK and block * packs_per_thread >= packs_per_row:
             return block
     return BLOCK_SIZES[-1]
+
+
+def add_rmsnorm_kernel(packs_per_row: int) -> tuple[int, bool]:
+    """(block, short_rows) of the add_rmsnorm kernel with T output for rows of `packs_per_row` packs."""
+    block = add_rmsnorm_block(packs_per_row)
+    return block, add_rmsnorm_short_rows(packs_per_row, block)
+
+
+def long_row_block(packs_per_row: int) -> int:
+    """Block size for rows held ADD_RMSNORM_PACKS_PER_THREAD packs a thread: long add_rmsnorm rows and every
+    row of the one-stage fused kernel."""
+    return _fewest_threads(packs_per_row, ADD_RMSNORM_PACKS_PER_THREAD)
+
+
+def add_rmsnorm_block(packs_per_row: int) -> int:
+    """Block size for an add_rmsnorm row of `packs_per_row` packs: short rows (SHORT_ROW_PACKS a thread) up
+    to SHORT_ROW_MAX_BLOCK threads, longer rows long_row_block. FP8 output takes the same block (at most
+    FP8_MAX_BLOCK): it quantizes the call's own T output, which the block's order of the row's sum fixes."""
+    block = _fewest_threads(packs_per_row, SHORT_ROW_PACKS)
+    if block <= SHORT_ROW_MAX_BLOCK and add_rmsnorm_short_rows(packs_per_row, block):
+        return block
+    return long_row_block(packs_per_row)
 
 
 # Layout of the buffers shared with kernels_src/fa_peers.h (rendered in as FA_MAX_BLOCKS and
@@ -197,7 +251,7 @@ CROSS_GPU_MAX_BLOCK = 512
 
 def allreduce_rmsnorm_block(packs_per_row: int) -> int:
     """Block size of the one-stage fused kernel for a row of `packs_per_row` packs."""
-    return min(add_rmsnorm_block(packs_per_row), CROSS_GPU_MAX_BLOCK)
+    return min(long_row_block(packs_per_row), CROSS_GPU_MAX_BLOCK)
 
 
 def _cross_gpu_constants(two_stage: bool):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .kernels import FP8_MAX_BLOCK, add_rmsnorm_block
+from .kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
 from .launch import arch_of, spec_for
 from .plans import (LaunchPlan, fp8_pointers_ok, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key,
                     rmsnorm_pointers_ok, span_bytes)
@@ -33,10 +33,12 @@ class AddRmsnormPlan(LaunchPlan):
     def __init__(self, call: RmsnormCall, quant: Optional[QuantCall], layouts: dict[str, RowsShape], device: int,
                  pack: int, in_place: bool, tensors: tuple, q_tensors: tuple = ()) -> None:
         rows, cols, dtype = call.x.rows, call.x.cols, call.x.dtype
-        block = add_rmsnorm_block(-(-cols * dtype.itemsize // pack))
-        if quant is not None:
+        block, short_rows = add_rmsnorm_kernel(-(-cols * dtype.itemsize // pack))
+        if quant is None:
+            variant = {"short_rows": short_rows}
+        else:  # the T call's block: the same sum order, so the codes quantize that call's out exactly
             block = min(block, FP8_MAX_BLOCK)
-        variant = {} if quant is None else {"quant": quant.kind, "fp8": quant.fmt}
+            variant = {"quant": quant.kind, "fp8": quant.fmt}
         spec = spec_for(Op.ADD_RMSNORM, dtype, device, block, pack=pack, weight=call.weight,
                         residual=call.residual_stride is not None, inplace=in_place, **variant)
         fixed = {"rows": rows, "cols": cols, "x_stride": call.x.row_stride, "residual_stride": call.residual_stride or 0,

@@ -135,7 +135,7 @@ def run_probe(devices: Sequence[int]) -> tuple[bool, str]:
 def _child(request: dict) -> None:
     import torch
 
-    from .kernels import add_rmsnorm_block
+    from .kernels import add_rmsnorm_kernel
     from .launch import launch, named_args, spec_for
     from .runtime import current_runtime
     from .spec import DType, Op
@@ -147,7 +147,8 @@ def _child(request: dict) -> None:
         residual = torch.zeros(ROWS, COLS, device=f"cuda:{e}", dtype=torch.bfloat16)
         weight = torch.ones(COLS, device=f"cuda:{e}", dtype=torch.bfloat16)
         out = torch.empty_like(residual)
-        spec = spec_for(Op.ADD_RMSNORM, DType.BF16, e, add_rmsnorm_block(COLS * 2 // 16))
+        block, short_rows = add_rmsnorm_kernel(COLS * 2 // 16)
+        spec = spec_for(Op.ADD_RMSNORM, DType.BF16, e, block, short_rows=short_rows)
         for handle in handles:
             peer = rt.ipc_open(handle, e)
             try:

@@ -157,6 +157,7 @@ class KernelSpec:
     inplace: bool = False  # RMSNorm ops only: outputs may be their inputs (no __restrict__ between them)
     quant: Quant = Quant.NONE  # RMSNorm ops only: out in T or FP8
     fp8: Fp8Format = Fp8Format.E4M3FN  # with quant: the FP8 format
+    short_rows: bool = False  # add_rmsnorm with T output only: rows of at most 2 packs a thread (kernels.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", Op(self.op))
@@ -174,8 +175,11 @@ class KernelSpec:
         if self.op.value not in RMSNORM_OPS and (self.weight is not WeightKind.SAME or not self.residual
                                                  or self.inplace or self.quant is not Quant.NONE):
             raise ValueError(f"{self.op.value} has no weight, residual, in-place or FP8 variants")
-        if not isinstance(self.residual, bool) or not isinstance(self.inplace, bool):
-            raise ValueError("residual and inplace are booleans")
+        if not all(isinstance(v, bool) for v in (self.residual, self.inplace, self.short_rows)):
+            raise ValueError("residual, inplace and short_rows are booleans")
+        if self.short_rows and (self.op is not Op.ADD_RMSNORM or self.quant is not Quant.NONE):
+            raise ValueError(f"short_rows is a variant of add_rmsnorm with T output, not of {self.op.value}"
+                             + ("" if self.quant is Quant.NONE else f" with quant={self.quant.value}"))
         if self.ngpus not in SUPPORTED_NGPUS:
             raise ValueError(f"ngpus={self.ngpus}: must be one of {SUPPORTED_NGPUS}")
         if self.block not in BLOCK_SIZES:
@@ -194,7 +198,8 @@ class KernelSpec:
         """The kernel's symbol: unique per spec, readable in profiler traces."""
         variant = ("" if self.weight is WeightKind.SAME else f"_w{self.weight.value}") + \
             ("" if self.residual else "_nores") + ("_inplace" if self.inplace else "") + \
-            ("" if self.quant is Quant.NONE else f"_q{self.quant.value}_{self.fp8.value}")
+            ("" if self.quant is Quant.NONE else f"_q{self.quant.value}_{self.fp8.value}") + \
+            ("_short" if self.short_rows else "")
         return f"fa_{self.op.value}_{self.dtype.value}_p{self.pack}_g{self.ngpus}_b{self.block}{variant}"
 
     def to_dict(self) -> dict[str, Union[str, int]]:
@@ -208,9 +213,11 @@ class KernelSpec:
         return cls(**d)
 
     def __str__(self) -> str:
-        defaults = {"weight": "same", "residual": True, "inplace": False, "quant": "none", "fp8": "e4m3fn"}
+        defaults = {"weight": "same", "residual": True, "inplace": False, "quant": "none", "fp8": "e4m3fn",
+                    "short_rows": False}
         variant = "".join(f", {k}={v}" for k, v in (("weight", self.weight.value), ("residual", self.residual),
                                                    ("inplace", self.inplace), ("quant", self.quant.value),
-                                                   ("fp8", self.fp8.value)) if v != defaults[k])
+                                                   ("fp8", self.fp8.value), ("short_rows", self.short_rows))
+                          if v != defaults[k])
         return (f"KernelSpec({self.op.value}, {self.dtype.value}, {self.arch}, pack={self.pack}, "
                 f"ngpus={self.ngpus}, block={self.block}{variant})")

@@ -7,7 +7,8 @@
 #   bash scripts/gpu.sh host    CPU cost of eager calls: python -m fused_ar bench host
 #   bash scripts/gpu.sh bench   the all-reduce suite (BENCH_ARGS, default --tp 2,4,8), packed in bench.tar.gz
 #   bash scripts/gpu.sh cost    what the kernels' timeout and mismatch checks cost (scripts/check_cost.py)
-#   bash scripts/gpu.sh norm    the local add_rmsnorm against torch, with its input variants (strided, fp32 weight)
+#   bash scripts/gpu.sh norm    the local add_rmsnorm against torch, its input variants (strided, fp32 weight,
+#                               in place) against contiguous rows, and every block size
 #   bash scripts/gpu.sh multi   on 2, 4 or 8 GPUs: the probe, the multi-process tests, the bench at every TP
 #                               with --write-thresholds, then auto against the best forced path
 # Several subcommands run in order: `bash scripts/gpu.sh suite user host`.
@@ -53,8 +54,8 @@ cost() {
 }
 
 norm() {
-  timeout "${NORM_TIMEOUT:-400}" python3 -m fused_ar bench add_rmsnorm --dtype bf16 --hidden 4096,8192 \
-    --m 1,64,1024,16384 --variants --out "$OUT/add_rmsnorm" 2>&1 | tail -30
+  timeout "${NORM_TIMEOUT:-400}" python3 -m fused_ar bench add_rmsnorm --dtype bf16 --hidden 2048,4096,8192,16384 \
+    --m 1,64,1024,16384 --variants --sweep-blocks --out "$OUT/add_rmsnorm" 2>&1 | tail -30
 }
 
 multi() {
@@ -75,7 +76,7 @@ multi() {
   tar -czf "$OUT/bench.tar.gz" -C "$(dirname "$d1")" bench -C "$(dirname "$d2")" bench_auto
 }
 
-[ $# -gt 0 ] || { sed -n '2,13p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
 for step in "$@"; do
   case "$step" in
     suite|user|host|bench|cost|norm|multi) echo "== gpu.sh $step"; "$step" ;;

@@ -20,8 +20,8 @@ CALLS_PER_GRAPH = 20
 REPLAYS = 25
 
 
-def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
-    """Median per-call device time of `fn` over REPLAYS replays of a graph of CALLS_PER_GRAPH calls."""
+def _graph(torch: Any, fn: Callable[[], Any]) -> Any:
+    """A CUDA graph of CALLS_PER_GRAPH calls of `fn` (warmed up on a side stream first), replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -34,26 +34,46 @@ def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
+    return graph
+
+
+def _replay_us(torch: Any, graph: Any) -> float:
+    """One replay's device time, per call."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    graph.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / CALLS_PER_GRAPH
+
+
+def _graph_time_us(torch: Any, fn: Callable[[], Any]) -> float:
+    """Median per-call device time of `fn` over REPLAYS replays of a graph of CALLS_PER_GRAPH calls."""
+    graph = _graph(torch, fn)
+    return statistics.median(_replay_us(torch, graph) for _ in range(REPLAYS))
+
+
+def _interleaved_us(torch: Any, fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Median per-call time of each of `fns`, their replays taken in turn: a ratio between two of them is not
+    skewed by the clock or cache state of the moment each would otherwise have been timed alone."""
+    graphs = {name: _graph(torch, fn) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(REPLAYS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS_PER_GRAPH)
-    return statistics.median(times)
+        for name, graph in graphs.items():
+            times[name].append(_replay_us(torch, graph))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _compile_cost(dtype: Any) -> dict[str, float]:
     """Seconds from nothing to a launchable function: cold (empty cache dir) and from the disk cache."""
     from ..cache import KernelCache, default_cache
-    from ..kernels import add_rmsnorm_block
+    from ..kernels import add_rmsnorm_kernel
     from ..launch import spec_for
     from ..runtime import current_runtime
     from ..spec import DType, Op
 
-    spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, add_rmsnorm_block(512))
+    block, short_rows = add_rmsnorm_kernel(512)
+    spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short_rows)
     base = default_cache()
     with tempfile.TemporaryDirectory() as tmp:
         cold = KernelCache(Path(tmp), base.lock_root, base.lock_timeout_s)
@@ -74,6 +94,7 @@ def _compile_cost(dtype: Any) -> dict[str, float]:
 
 def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[tuple[int, int, int, float]]:
     """Every block size at a few m: the data behind the policy in kernels.add_rmsnorm_block."""
+    from ..kernels import add_rmsnorm_short_rows, kernel_def
     from ..launch import launch, spec_for
     from ..ops import MAX_GRID_BLOCKS
     from ..spec import BLOCK_SIZES, DType, Op
@@ -85,8 +106,13 @@ def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[
             w = torch.randn(n, device="cuda", dtype=dtype)
             out, ro = torch.empty_like(x), torch.empty_like(x)
             for block in BLOCK_SIZES:
-                spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block)
-                args = (out.data_ptr(), ro.data_ptr(), x.data_ptr(), r.data_ptr(), w.data_ptr(), m, n, eps)
+                short = add_rmsnorm_short_rows(n * x.element_size() // 16, block)
+                spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short)
+                values = {"out": out.data_ptr(), "residual_out": ro.data_ptr(), "x": x.data_ptr(),
+                          "residual": r.data_ptr(), "weight": w.data_ptr(), "rows": m, "cols": n, "eps": eps,
+                          "weight_offset": 0.0, "x_stride": n, "residual_stride": n, "out_stride": n,
+                          "residual_out_stride": n, "scales": 0, "group": 0, "scales_stride": 0}
+                args = tuple(values[name] for name, _ in kernel_def(Op.ADD_RMSNORM).params)
                 out.fill_(float("nan"))
                 launch(spec, 0, min(m, MAX_GRID_BLOCKS), args)
                 assert not torch.isnan(out).any(), f"block {block} left outputs unwritten"
@@ -116,9 +142,8 @@ def _variant_rows(torch: Any, dtype: Any, eps: float, hidden: list[int], ms: lis
             w = torch.randn(n, device="cuda", dtype=dtype)
             x, r = (t[:, :n].contiguous() for t in wide)
             out, ro = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
-            add_rmsnorm(x, r, w, eps, out=out, residual_out=ro)
-            row = {"m": m, "n": n, "contiguous_us": _graph_time_us(
-                torch, lambda: add_rmsnorm(x, r, w, eps, out=out, residual_out=ro))}
+            calls = {"contiguous": lambda: add_rmsnorm(x, r, w, eps, out=out, residual_out=ro)}
+            calls["contiguous"]()
             for name, strided, fp32_weight, in_place in VARIANTS:
                 xs, rs = (t.clone()[:, :n] for t in wide) if strided else (x.clone(), r.clone())
                 weight = w.float() if fp32_weight else w
@@ -130,8 +155,8 @@ def _variant_rows(torch: Any, dtype: Any, eps: float, hidden: list[int], ms: lis
                 call()
                 if not (torch.equal(q, ro) and torch.equal(o, out)):
                     raise AssertionError(f"{name}: outputs differ from the contiguous call's at m={m} n={n}")
-                # in place, later calls run on their own outputs: the same work on other values
-                row[f"{name}_us"] = _graph_time_us(torch, call)
+                calls[name] = call  # in place, later calls run on their own outputs: the same work on other values
+            row = {"m": m, "n": n, **{f"{name}_us": t for name, t in _interleaved_us(torch, calls).items()}}
             rows.append(row)
             print(f"variants m={m:6d} n={n:5d} contiguous {row['contiguous_us']:8.2f} us  " + "  ".join(
                 f"{name} {row[name + '_us'] / row['contiguous_us']:.3f}x" for name, *_ in VARIANTS), flush=True)
@@ -192,7 +217,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     lines = [f"# add_rmsnorm on {gpu}, {args.dtype.value}",
              "",
              f"Command: `python -m fused_ar bench add_rmsnorm --dtype {args.dtype.value} --hidden "
-             f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}`",
+             f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}"
+             f"{' --sweep-blocks' if args.sweep_blocks else ''}{' --variants' if args.variants else ''}`",
              f"torch {torch.__version__}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; "
              f"graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, per call.",
              f"Compile cost: cold {cost['cold_s'] * 1e3:.0f} ms, from the disk cache {cost['cached_s'] * 1e3:.2f} ms "

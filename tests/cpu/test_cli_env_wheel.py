@@ -12,6 +12,8 @@ import pytest
 
 from fused_ar import env
 
+from .warm_helpers import PER_DTYPE
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,14 +26,15 @@ def test_warm_twice_compiles_nothing_the_second_time(tmp_path):
     cache = tmp_path / "c"
     first = _cli("warm", "--arch", "sm_90", "--dtype", "bf16,fp32", "--ngpus", "1", "-j", "2", cache=cache)
     assert first.returncode == 0, first.stderr
-    assert "10 kernels for sm_90: 10 compiled (10 saved), 0 already cached, 0 failed" in first.stdout
-    assert first.stdout.count("built") == 10  # one line per kernel when not on a TTY
+    n = 2 * PER_DTYPE
+    assert f"{n} kernels for sm_90: {n} compiled ({n} saved), 0 already cached, 0 failed" in first.stdout
+    assert first.stdout.count("built") == n  # one line per kernel when not on a TTY
     second = _cli("warm", "--arch", "sm_90", "--dtype", "bf16,fp32", "--ngpus", "1", cache=cache)
-    assert second.returncode == 0 and "0 compiled (0 saved), 10 already cached" in second.stdout
+    assert second.returncode == 0 and f"0 compiled (0 saved), {n} already cached" in second.stdout
     dry = _cli("warm", "--arch", "sm_90", "--dtype", "bf16,fp16", "--ngpus", "1", "--dry-run", cache=cache)
-    assert dry.stdout.count("to build") == 5 and dry.stdout.count("cached ") == 5
+    assert dry.stdout.count("to build") == PER_DTYPE and dry.stdout.count("cached ") == PER_DTYPE
     info = _cli("cache", "info", cache=cache)
-    assert "entries:         10" in info.stdout and "sm_90: 10" in info.stdout
+    assert f"entries:         {n}" in info.stdout and f"sm_90: {n}" in info.stdout
     assert _cli("cache", "verify", cache=cache).returncode == 0
     victim = next(cache.glob("??/*.bin"))
     data = bytearray(victim.read_bytes())
@@ -40,7 +43,7 @@ def test_warm_twice_compiles_nothing_the_second_time(tmp_path):
     bad = _cli("cache", "verify", cache=cache)
     assert bad.returncode == 1 and victim.stem in bad.stdout
     cleared = _cli("cache", "clear", cache=cache)
-    assert "removed 10 entries" in cleared.stdout and not list(cache.glob("??/*"))
+    assert f"removed {n} entries" in cleared.stdout and not list(cache.glob("??/*"))
 
 
 NO_ROCM = {"LD_LIBRARY_PATH": ""}  # scripts/test.sh puts a real hiprtc there; these tests need none
@@ -56,7 +59,7 @@ def test_warm_for_gfx_without_rocm_says_why(tmp_path):
 def test_warm_for_two_archs_without_rocm_warms_the_one_it_can(tmp_path):
     proc = _cli("warm", "--arch", "sm_90,gfx942", "--ngpus", "1", "--dtype", "bf16", cache=tmp_path / "c",
                 extra_env=NO_ROCM)
-    assert proc.returncode == 1 and "5 compiled (5 saved)" in proc.stdout
+    assert proc.returncode == 1 and f"{PER_DTYPE} compiled ({PER_DTYPE} saved)" in proc.stdout
     assert [line for line in proc.stderr.splitlines() if "gfx942" in line] == proc.stderr.strip().splitlines()
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -114,6 +117,7 @@ def test_wheel_installs_and_warms_from_another_directory(tmp_path):
     warm = [py, "-m", "fused_ar", "warm", "--arch", "sm_90", "--dtype", "bf16,fp16,fp32", "--ngpus", "1", "-j", "2"]
     first = subprocess.run(warm, capture_output=True, text=True, cwd=elsewhere, env=e)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "15 compiled (15 saved)" in first.stdout
+    n = 3 * PER_DTYPE
+    assert f"{n} compiled ({n} saved)" in first.stdout
     second = subprocess.run(warm, capture_output=True, text=True, cwd=elsewhere, env=e)
-    assert second.returncode == 0 and "0 compiled (0 saved), 15 already cached" in second.stdout
+    assert second.returncode == 0 and f"0 compiled (0 saved), {n} already cached" in second.stdout

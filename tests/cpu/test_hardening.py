@@ -23,6 +23,7 @@ from fused_ar.spec import KernelSpec
 from fused_ar.warm import warm
 
 from .test_cache import SPEC, FakeCompiler
+from .warm_helpers import PER_DTYPE
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534  # nobody
@@ -324,8 +325,8 @@ def test_orphan_code_object_is_reported(tmp_path):
 def test_cli_reports_malformed_entries_without_traceback(tmp_path):
     cache = tmp_path / "c"
     assert _cli("warm", "--arch", "sm_90", "--ngpus", "1", "--dtype", "bf16", "-j", "1", cache=cache).returncode == 0
-    for i, meta in enumerate(sorted(cache.glob("??/*.json"))):
-        meta.write_text(["[]", "null", '{"key": 3}', "{", "{}"][i])
+    for meta, text in zip(sorted(cache.glob("??/*.json")), ["[]", "null", '{"key": 3}', "{", "{}"]):
+        meta.write_text(text)
     for command in (("cache", "verify"), ("cache", "info"), ("info",)):
         proc = _cli(*command, cache=cache)
         assert "Traceback" not in proc.stderr, proc.stderr
@@ -484,5 +485,5 @@ def test_warm_that_saves_nothing_fails(tmp_path, where):
     if where == "a_file":
         cache.write_text("x")
     proc = _cli("warm", "--arch", "sm_90", "--ngpus", "1", "--dtype", "bf16", cache=cache)
-    assert proc.returncode == 1 and "5 compiled (0 saved)" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and f"{PER_DTYPE} compiled (0 saved)" in proc.stdout, proc.stdout + proc.stderr
     assert "cannot be saved" in proc.stderr and "Traceback" not in proc.stderr

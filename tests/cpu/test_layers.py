@@ -19,6 +19,7 @@ import fused_ar.cache as cache_module
 from fused_ar.cache import KernelCache, read_manifest, write_manifest
 
 from .test_cache import SPEC, FakeCompiler
+from .warm_helpers import PER_DTYPE
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534
@@ -111,11 +112,12 @@ def test_cache_verify_and_clear_of_a_layer(tmp_path):
     layer = tmp_path / "layer"
     built = _cli("warm", "--arch", "sm_90", "--ngpus", "1", "--dtype", "bf16", "--into", str(layer),
                  FUSED_AR_CACHE_DIR=str(tmp_path / "c"))
-    assert built.returncode == 0 and "5 compiled (5 saved)" in built.stdout and "layer" in built.stdout, built.stderr
+    n = PER_DTYPE
+    assert built.returncode == 0 and f"{n} compiled ({n} saved)" in built.stdout and "layer" in built.stdout, built.stderr
     manifest = json.loads((layer / "layer.json").read_text())
-    assert manifest["kernels"] == 5 and manifest["compilers"]["sm_90"].startswith("nvrtc-")
+    assert manifest["kernels"] == n and manifest["compilers"]["sm_90"].startswith("nvrtc-")
     ok = _cli("cache", "verify", str(layer))
-    assert ok.returncode == 0 and "5 good entries, 0 bad" in ok.stdout
+    assert ok.returncode == 0 and f"{n} good entries, 0 bad" in ok.stdout
     victim = next(layer.glob("??/*.bin"))
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -80,3 +80,54 @@ def test_cli_source_prints_rendered_text():
     proc = subprocess.run([sys.executable, "-m", "fused_ar", "source", "add_rmsnorm", "--dtype", "fp32",
                            "--arch", "sm_90", "--block", "128"], capture_output=True, text=True, check=True)
     assert proc.stdout == render(KernelSpec("add_rmsnorm", "fp32", "sm_90", block=128)).text
+
+
+def test_short_rows_is_a_variant_of_add_rmsnorm_with_t_output_only():
+    spec = KernelSpec("add_rmsnorm", "bf16", "sm_90", short_rows=True)
+    assert spec.kernel_name.endswith("_short") and "short_rows=True" in str(spec)
+    assert KernelSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match="allreduce_rmsnorm_1stage"):
+        KernelSpec("allreduce_rmsnorm_1stage", "bf16", "sm_90", ngpus=2, short_rows=True)
+    with pytest.raises(ValueError, match="quant=token"):
+        KernelSpec("add_rmsnorm", "bf16", "sm_90", quant="token", short_rows=True)
+    with pytest.raises(ValueError, match="booleans"):
+        KernelSpec("add_rmsnorm", "bf16", "sm_90", short_rows=1)
+
+
+def test_short_rows_hold_two_packs_and_ask_for_more_resident_threads():
+    """What the H200 measured (kernels.py): short rows keep 2 packs and ask for 1024 threads per SM; long rows of
+    16-bit x keep 4 and ask for 768, except with an fp32 weight (it would spill); 1024-thread blocks ask for none."""
+    from fused_ar.kernels import SHORT_ROW_THREADS, LONG_ROW_THREADS
+
+    def defines(spec):
+        text = render(spec).text
+        return [line for line in text.splitlines() if line.startswith(("#define FA_REG_PACKS", "#define FA_MIN_BLOCKS"))]
+
+    bf16 = dict(op="add_rmsnorm", dtype="bf16", arch="sm_90")
+    assert defines(KernelSpec(**bf16, short_rows=True)) == ["#define FA_REG_PACKS 2",
+                                                            f"#define FA_MIN_BLOCKS {SHORT_ROW_THREADS // 256}"]
+    assert defines(KernelSpec(**bf16, short_rows=True, weight="fp32"))[1] == f"#define FA_MIN_BLOCKS {SHORT_ROW_THREADS // 256}"
+    assert defines(KernelSpec(**bf16)) == ["#define FA_REG_PACKS 4", f"#define FA_MIN_BLOCKS {LONG_ROW_THREADS // 256}"]
+    assert defines(KernelSpec(**bf16, weight="fp32")) == ["#define FA_REG_PACKS 4", "#define FA_MIN_BLOCKS 0"]
+    assert defines(KernelSpec(**bf16, block=1024)) == ["#define FA_REG_PACKS 2", "#define FA_MIN_BLOCKS 0"]
+    assert defines(KernelSpec(**bf16, pack=2, short_rows=True))[1] == "#define FA_MIN_BLOCKS 0"
+    assert defines(KernelSpec(op="add_rmsnorm", dtype="fp32", arch="sm_90", short_rows=True)) == \
+        ["#define FA_REG_PACKS 2", "#define FA_MIN_BLOCKS 0"]  # a double sum of squares: 1024 threads spill
+
+
+@pytest.mark.parametrize("dtype,cols,block,short", [
+    ("bf16", 8, 256, True), ("bf16", 2048, 256, True), ("bf16", 4096, 256, True), ("bf16", 4104, 512, True), ("bf16", 8192, 512, True),
+    ("bf16", 8200, 512, False), ("fp16", 16384, 512, False), ("bf16", 32768, 1024, False), ("fp32", 4096, 512, True),
+    ("fp32", 4100, 512, False)])
+def test_short_rows_policy_and_warm_matrix_agree(dtype, cols, block, short):
+    """The launch takes the short-row kernel for rows of at most 2 packs a thread in 256 to 512 threads (bf16:
+    n <= 8192), 4 packs a thread beyond, and warm builds the kernel it takes. The one-stage fused kernel
+    keeps the long-row blocks."""
+    from fused_ar.kernels import add_rmsnorm_kernel, allreduce_rmsnorm_block, long_row_block
+
+    packs = -(-cols * DType.parse(dtype).itemsize // 16)
+    assert add_rmsnorm_kernel(packs) == (block, short)
+    assert long_row_block(packs) == (256 if packs <= 1024 else 512 if packs <= 2048 else 1024)
+    assert allreduce_rmsnorm_block(packs) == min(long_row_block(packs), 512)
+    spec = KernelSpec("add_rmsnorm", dtype, "sm_90", block=block, short_rows=short)
+    assert spec in warm_matrix(["sm_90"], [DType.parse(dtype)], [1])

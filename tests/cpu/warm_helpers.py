@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from fused_ar.kernels import warm_matrix
+from fused_ar.spec import DType
 from fused_ar.warm import warm_one
+
+# What `warm --ngpus 1` builds per dtype and arch: every add_rmsnorm kernel (the blocks, the short-row ones).
+PER_DTYPE = len(warm_matrix(["sm_90"], [DType.BF16], [1]))
 
 
 def die_at_block_512(spec_dict: dict, into: Optional[str] = None) -> tuple:

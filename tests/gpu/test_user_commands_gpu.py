@@ -76,3 +76,12 @@ def test_communicator_in_a_process_group_takes_a_torch_device(tmp_path):
     proc = _run("-c", code, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("cuda:0") == 3
+
+
+def test_bench_add_rmsnorm_with_its_options(tmp_path):
+    proc = _run("-m", "fused_ar", "bench", "add_rmsnorm", "--hidden", "2048,8200", "--m", "1,1024", "--variants",
+                "--sweep-blocks", "--out", str(tmp_path / "n"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (tmp_path / "n" / "add_rmsnorm.md").read_text()
+    assert "Block-size sweep" in table and "Variants against the contiguous call" in table
+    assert (tmp_path / "n" / "add_rmsnorm.json").is_file()
