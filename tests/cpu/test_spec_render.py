@@ -106,7 +106,8 @@ def test_short_rows_hold_two_packs_and_ask_for_more_resident_threads():
     bf16 = dict(op="add_rmsnorm", dtype="bf16", arch="sm_90")
     assert defines(KernelSpec(**bf16, short_rows=True)) == ["#define FA_REG_PACKS 2",
                                                             f"#define FA_MIN_BLOCKS {SHORT_ROW_THREADS // 256}"]
-    assert defines(KernelSpec(**bf16, short_rows=True, weight="fp32"))[1] == f"#define FA_MIN_BLOCKS {SHORT_ROW_THREADS // 256}"
+    short_fp32_weight = KernelSpec(**bf16, short_rows=True, weight="fp32")
+    assert defines(short_fp32_weight)[1] == f"#define FA_MIN_BLOCKS {SHORT_ROW_THREADS // 256}"
     assert defines(KernelSpec(**bf16)) == ["#define FA_REG_PACKS 4", f"#define FA_MIN_BLOCKS {LONG_ROW_THREADS // 256}"]
     assert defines(KernelSpec(**bf16, weight="fp32")) == ["#define FA_REG_PACKS 4", "#define FA_MIN_BLOCKS 0"]
     assert defines(KernelSpec(**bf16, block=1024)) == ["#define FA_REG_PACKS 2", "#define FA_MIN_BLOCKS 0"]
@@ -116,9 +117,9 @@ def test_short_rows_hold_two_packs_and_ask_for_more_resident_threads():
 
 
 @pytest.mark.parametrize("dtype,cols,block,short", [
-    ("bf16", 8, 256, True), ("bf16", 2048, 256, True), ("bf16", 4096, 256, True), ("bf16", 4104, 512, True), ("bf16", 8192, 512, True),
-    ("bf16", 8200, 512, False), ("fp16", 16384, 512, False), ("bf16", 32768, 1024, False), ("fp32", 4096, 512, True),
-    ("fp32", 4100, 512, False)])
+    ("bf16", 8, 256, True), ("bf16", 2048, 256, True), ("bf16", 4096, 256, True), ("bf16", 4104, 512, True),
+    ("bf16", 8192, 512, True), ("bf16", 8200, 512, False), ("fp16", 16384, 512, False), ("bf16", 32768, 1024, False),
+    ("fp32", 4096, 512, True), ("fp32", 4100, 512, False)])
 def test_short_rows_policy_and_warm_matrix_agree(dtype, cols, block, short):
     """The launch takes the short-row kernel for rows of at most 2 packs a thread in 256 to 512 threads (bf16:
     n <= 8192), 4 packs a thread beyond, and warm builds the kernel it takes. The one-stage fused kernel
