@@ -61,7 +61,8 @@ def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[i
     specializations of variant_specs, with `fp8` those of fp8_specs (compiled on first use otherwise)."""
     dtypes, ngpus = list(dtypes), list(ngpus)
     base = [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
-    base += [replace(s, short_rows=True) for s in base if s.op is Op.ADD_RMSNORM and s.block in short_row_blocks()]
+    short_blocks = short_row_blocks()
+    base += [replace(s, short_rows=True) for s in base if s.op is Op.ADD_RMSNORM and s.block in short_blocks]
     specs = list(base)
     if variants:
         specs += [v for s in base for v in variant_specs(s)]
@@ -127,7 +128,7 @@ def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
 
 # Rows of at most this many packs a thread hold only these in registers, and their kernels (16-bit x) ask
 # for SHORT_ROW_THREADS resident threads per SM: 64 registers a thread on sm_90, which both weight kinds fit
-# without spilling (ptxas -v). H200 (bench/results/add_rmsnorm_h200_issue20.md), bf16 at m=16384: n=2048
+# without spilling (cuobjdump --dump-resource-usage; the SASS test checks every kernel for local memory). H200 (bench/results/add_rmsnorm_h200_issue20.md), bf16 at m=16384: n=2048
 # 75.3 us against 89.8 with 4 packs at 256 threads, n=8192 (512 threads) 258 against 264; an fp32 weight
 # costs 1.00x the contiguous call against 1.32x (n=2048) and 1.05x (n=8192, m=1024).
 SHORT_ROW_PACKS = 2
@@ -154,7 +155,7 @@ def short_row_blocks() -> frozenset[int]:
 def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
     """Resident blocks per SM the kernel asks the compiler for (0: no ask, the whole register file): the
     measured cases above (16-bit x, 16-byte access, T output, up to 512 threads a block). fp32 x, whose sum
-    of squares is double, spills 8 bytes at 1024 threads even with short rows (ptxas -v)."""
+    of squares is double, spills 8 bytes at 1024 threads even with short rows (cuobjdump resource usage)."""
     if spec.dtype.itemsize != 2 or spec.pack != DEFAULT_PACK or spec.block > 512 or spec.quant is not Quant.NONE:
         return 0
     if spec.short_rows:

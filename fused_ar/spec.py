@@ -24,7 +24,7 @@ class DType(str, Enum):
     @property
     def render_id(self) -> str:
         """The FA_DTYPE value kernels_src/fa_types.h expects."""
-        return {DType.FP32: "FA_DTYPE_FP32", DType.FP16: "FA_DTYPE_FP16", DType.BF16: "FA_DTYPE_BF16"}[self]
+        return f"FA_DTYPE_{self.name}"
 
     @property
     def code(self) -> int:
@@ -57,7 +57,7 @@ class WeightKind(str, Enum):
 
     @property
     def render_id(self) -> str:
-        return {WeightKind.SAME: "FA_WEIGHT_SAME", WeightKind.FP32: "FA_WEIGHT_FP32", WeightKind.NONE: "FA_WEIGHT_NONE"}[self]
+        return f"FA_WEIGHT_{self.name}"
 
 
 class Quant(str, Enum):
