@@ -1,7 +1,7 @@
 """The command line: `python -m fused_ar source | warm | cache | info | demo | bench` (also `fused-ar`).
 
 Every argument and every environment variable is checked before any work, with the library's own rules
-(fused_ar.spec, fused_ar.env): a bad value ends in one line, `fused_ar: error: ...`, and exit status 2.
+(fused_ar.jit.spec, fused_ar.env): a bad value ends in one line, `fused_ar: error: ...`, and exit status 2.
 Commands call library functions; none holds kernel, cache or launch logic of its own.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ._version import __version__
 from .errors import FusedArError
-from .spec import BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op, platform_of_arch
+from .jit.spec import BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op, platform_of_arch
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -181,7 +181,7 @@ def _default_arch() -> Optional[str]:
         import torch
 
         if torch.cuda.is_available():
-            from .runtime import device_arch
+            from .backends import device_arch
 
             return device_arch(0)
     except Exception:
@@ -200,7 +200,7 @@ def _archs(args: argparse.Namespace) -> list[str]:
 
 def _usable_archs(archs: Sequence[str]) -> tuple[list[str], list[str]]:
     """(archs a compiler here can build, one line per arch it cannot: why)."""
-    from .compiler import compiler_for
+    from .backends import compiler_for
 
     usable, refused = [], []
     for arch in archs:
@@ -214,8 +214,8 @@ def _usable_archs(archs: Sequence[str]) -> tuple[list[str], list[str]]:
 
 # -- source -------------------------------------------------------------------------------------------
 def cmd_source(args: argparse.Namespace) -> int:
-    from .kernels import kernel_def
-    from .render import render
+    from .jit.kernels import kernel_def
+    from .jit.render import render
 
     arch = _archs(args)[0]
     op = Op(args.op)
@@ -236,11 +236,11 @@ def _same_error(error: str, spec: KernelSpec) -> str:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from .cache import cache_key, write_manifest
-    from .compiler import compiler_for
-    from .kernels import warm_matrix
-    from .render import render
-    from .warm import Result, target_cache, warm
+    from .jit.cache import cache_key, write_manifest
+    from .backends import compiler_for
+    from .jit.kernels import warm_matrix
+    from .jit.render import render
+    from .jit.warm import Result, target_cache, warm
 
     archs, refused = _usable_archs(_archs(args))
     if not archs:
@@ -285,7 +285,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        warm(specs, jobs, report, into=into)
+        warm(specs, jobs, report, compiler_for, into=into)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
@@ -322,7 +322,7 @@ def _progress(total: int) -> Any:
 
 # -- cache / info ---------------------------------------------------------------------------------------
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import default_cache
+    from .jit.cache import default_cache
 
     if args.dir is not None:
         return _cache_layer(args)
@@ -352,7 +352,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def _cache_layer(args: argparse.Namespace) -> int:
     """`cache verify DIR` / `cache info DIR`: a read-only layer, read as its users read it."""
-    from .cache import CacheDir, layer_owners, read_manifest
+    from .jit.cache import CacheDir, layer_owners, read_manifest
 
     if args.action == "clear":
         fail(f"dir {str(args.dir)!r}: `cache clear` clears only the writable cache (FUSED_AR_CACHE_DIR); "
@@ -373,9 +373,9 @@ def _cache_layer(args: argparse.Namespace) -> int:
 
 def _layers_report() -> None:
     """Which layer serves the warm matrix of each arch, and why a layer would miss, before any request."""
-    from .cache import coverage, default_cache, read_manifest, why_layer_misses
-    from .compiler import compiler_for
-    from .kernels import warm_matrix
+    from .jit.cache import coverage, default_cache, read_manifest, why_layer_misses
+    from .backends import compiler_for
+    from .jit.kernels import warm_matrix
 
     cache = default_cache()
     if not cache.layers:
@@ -389,7 +389,7 @@ def _layers_report() -> None:
         for arch in archs:
             try:
                 identity = compiler_for(arch).identity()
-                found = coverage(cache, warm_matrix([arch], list(DType), SUPPORTED_NGPUS))
+                found = coverage(cache, warm_matrix([arch], list(DType), SUPPORTED_NGPUS), compiler_for)
             except FusedArError as exc:
                 print(f"  {arch}: cannot check here ({str(exc).splitlines()[0]})")
                 continue
@@ -402,7 +402,7 @@ def _layers_report() -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .compiler import compiler_for
+    from .backends import compiler_for
 
     print(f"fused_ar {__version__}")
     try:
@@ -411,7 +411,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         build = f"ROCm {torch.version.hip}" if getattr(torch.version, "hip", None) else f"CUDA {torch.version.cuda}"
         print(f"torch {torch.__version__} ({build})")
         if torch.cuda.is_available():
-            from .runtime import device_arch
+            from .backends import device_arch
 
             for d in range(torch.cuda.device_count()):
                 print(f"  device {d}: {torch.cuda.get_device_name(d)} arch {device_arch(d)}")
@@ -434,6 +434,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     if not invalid:
         _layers_report()
     return 1 if invalid else status
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .comm.probe import probe_command
+
+    return probe_command(args.gpus)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -537,6 +543,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="platform, devices, compilers, environment and cache", formatter_class=fmt)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("probe", help="check IPC peer access among GPUs for real (once per boot; remembered)",
+                       formatter_class=fmt,
+                       description="Export a buffer per GPU, let a child process load and store every one from "
+                                   "every GPU through IPC with our kernel, and check the bytes. Exit 0: peer access "
+                                   "works; 1: it does not. The verdict is remembered under the cache directory.")
+    p.add_argument("gpus", nargs="*", help="GPU indices or cuda:N (default: 0)")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("demo", help="run the fused op on the GPUs here (one GPU: N ranks emulated), checked and timed",
                        formatter_class=fmt)

@@ -35,7 +35,7 @@ def _check(torch: Any, xs: list, residual: Any, weight: Any, out: Any, ro: Any) 
 
 
 def _emulated(torch: Any, world: int, ms: list[int], n: int) -> dict:
-    from .communicator import Communicator
+    from .comm.communicator import Communicator
 
     comms = Communicator.local_group(world, 0, max_bytes=max(ms) * n * 2)
     streams = [torch.cuda.Stream() for _ in comms]
@@ -95,7 +95,7 @@ def _worker(rank: int, world: int, init_file: str, ms: list[int], n: int, out_fi
     import torch
     import torch.distributed as dist
 
-    from .communicator import Communicator
+    from .comm.communicator import Communicator
 
     torch.cuda.set_device(rank)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -136,7 +136,7 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     import torch
 
-    from .validate import require_gpu
+    from .device.validate import require_gpu
 
     require_gpu("python -m fused_ar demo")
     gpus = torch.cuda.device_count()

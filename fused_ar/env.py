@@ -100,7 +100,7 @@ ONE_STAGE: EnvVar[bool] = EnvVar(
 )
 ONE_STAGE_MAX_BYTES: EnvVar[int] = EnvVar(
     "FUSED_AR_1STAGE_MAX_BYTES", _bytes, None,
-    "the stored thresholds (`bench --write-thresholds`), else the table in `fused_ar/policy.py`",
+    "the stored thresholds (`bench --write-thresholds`), else the table in `fused_ar/comm/policy.py`",
     "Largest input (bytes per rank) the `auto` path sends through the one-stage kernels.",
 )
 FALLBACK_MIN_BYTES: EnvVar[int] = EnvVar(
@@ -164,6 +164,13 @@ def lock_dir() -> Path:
     if runtime is not None and runtime.is_dir():
         return runtime / "fused_ar-locks"
     return Path("/tmp") / f"fused_ar-locks-{os.getuid()}"
+
+
+def child_environ() -> dict[str, str]:
+    """This process's environment for a child `python -m fused_ar...`: PYTHONPATH leads with the directory
+    holding this very package, so the child imports the same fused_ar (a source tree, an editable install)."""
+    here = str(Path(__file__).resolve().parent.parent)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
 
 
 def markdown_table() -> str:

@@ -7,22 +7,18 @@ Defined with `torch.library.Library` (schema, a CUDA kernel, a fake kernel) rath
 are functional (they allocate and return their outputs) and need no autograd.
 
 A communicator is named by its integer `handle` (torch ops take no Python objects); every Communicator
-registers itself here when created and leaves when closed. Importing this module defines the ops once
-per process (`fused_ar.register_torch_ops()` does it explicitly; creating a Communicator does it too).
+enters fused_ar.comm.registry when created and leaves when closed. Importing this module defines the ops
+once per process (`fused_ar.register_torch_ops()` does it explicitly; so does the first use of
+`fused_ar.Communicator`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
-from .errors import InputError
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
-
-_communicators: dict[int, "Communicator"] = {}
+from .comm.registry import lookup
 
 SCHEMAS = {
     "allreduce_rmsnorm": "allreduce_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
@@ -49,22 +45,6 @@ def register_torch_ops() -> None:
     """Defines torch.ops.fused_ar.* (importing this module did; the call documents the intent)."""
 
 
-def register(comm: "Communicator") -> None:
-    _communicators[comm.handle] = comm
-
-
-def unregister(comm: "Communicator") -> None:
-    _communicators.pop(comm.handle, None)
-
-
-def lookup(handle: int) -> "Communicator":
-    comm = _communicators.get(handle)
-    if comm is None:
-        raise InputError(f"comm={handle}: no open fused_ar Communicator has this handle (closed, or from "
-                         "another process?)")
-    return comm
-
-
 def _allreduce_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
                        comm: int, path: str = "auto", weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, residual_out) = Communicator(comm).allreduce_rmsnorm(x, residual, weight, eps, ...)."""
@@ -79,14 +59,14 @@ def _allreduce(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
 def _add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
                  weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, residual_out) = fused_ar.add_rmsnorm(x, residual, weight, eps, weight_offset=...)."""
-    from .ops import add_rmsnorm
+    from .device.ops import add_rmsnorm
 
     return add_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset)
 
 
 def _add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
                   weight_offset: float = 0.0) -> None:
-    from .ops import add_rmsnorm
+    from .device.ops import add_rmsnorm
 
     add_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset, out=x, residual_out=residual)
 
@@ -106,7 +86,7 @@ def _add_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: 
                      weight_offset: float = 0.0, scale: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
                      fp8_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = fused_ar.add_rmsnorm_fp8(...)."""
-    from .ops import add_rmsnorm_fp8
+    from .device.ops import add_rmsnorm_fp8
 
     return _fresh_scales(*add_rmsnorm_fp8(x, residual, weight, eps, weight_offset=weight_offset, scale=scale,
                                           group_size=group_size, fp8_dtype=fp8_dtype), scale)
@@ -123,9 +103,9 @@ def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], we
 
 
 def _fake_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, *rest: Any) -> tuple:
-    from .launch import arch_of
-    from .spec import native_fp8
-    from .validate import fp8_format
+    from .device.launch import arch_of
+    from .jit.spec import native_fp8
+    from .device.validate import fp8_format
 
     *_, scale, group_size, fp8_dtype = rest
     fmt = fp8_format(fp8_dtype, native_fp8(arch_of(x.device.index)))

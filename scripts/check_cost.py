@@ -20,13 +20,13 @@ os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 import torch  # noqa: E402
 
-from fused_ar import launch  # noqa: E402
+from fused_ar.device import launch  # noqa: E402
 from fused_ar.bench import timing  # noqa: E402
 from fused_ar.bench.group import Group  # noqa: E402
-from fused_ar.compiler import compiler_for  # noqa: E402
-from fused_ar.render import Source, render  # noqa: E402
-from fused_ar.runtime import current_runtime  # noqa: E402
-from fused_ar.spec import DType  # noqa: E402
+from fused_ar.backends import compiler_for  # noqa: E402
+from fused_ar.jit.render import Source, render  # noqa: E402
+from fused_ar.backends import current_runtime  # noqa: E402
+from fused_ar.jit.spec import DType  # noqa: E402
 
 # Each variant is the shipped source with these defines on top (kernels_src/fa_peers.h reads them).
 VARIANTS = {

@@ -64,7 +64,7 @@ multi() {
   [ -n "$tps" ] || { echo "multi: needs 2 or more GPUs, this machine has $GPUS"; return 1; }
   nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
   python3 -m fused_ar warm 2>&1 | tail -1
-  python3 -m fused_ar.probe $(seq 0 $((GPUS - 1))) 2>&1 | tee "$OUT/probe.txt"
+  python3 -m fused_ar probe $(seq 0 $((GPUS - 1))) 2>&1 | tee "$OUT/probe.txt"
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q tests/gpu/test_multi_process.py 2>&1 \
     | tee "$OUT/pytest_multi.txt" | grep -E "passed|failed|^FAILED|^E " | head -20
   d1=$(mktemp -d)/bench; d2=$(mktemp -d)/bench_auto

@@ -66,11 +66,11 @@ def _interleaved_us(torch: Any, fns: dict[str, Callable[[], Any]]) -> dict[str, 
 
 def _compile_cost(dtype: Any) -> dict[str, float]:
     """Seconds from nothing to a launchable function: cold (empty cache dir) and from the disk cache."""
-    from ..cache import KernelCache, default_cache
-    from ..kernels import add_rmsnorm_kernel
-    from ..launch import spec_for
-    from ..runtime import current_runtime
-    from ..spec import DType, Op
+    from ..jit.cache import KernelCache, default_cache
+    from ..jit.kernels import add_rmsnorm_kernel
+    from ..device.launch import spec_for
+    from ..backends import compiler_for, current_runtime
+    from ..jit.spec import DType, Op
 
     block, short_rows = add_rmsnorm_kernel(512)
     spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short_rows)
@@ -78,14 +78,14 @@ def _compile_cost(dtype: Any) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         cold = KernelCache(Path(tmp), base.lock_root, base.lock_timeout_s)
         t0 = time.perf_counter()
-        lookup = cold.get(spec)
+        lookup = cold.get(spec, compiler_for(spec.arch))
         current_runtime().load(lookup.kernel, spec.kernel_name, 0)
         cold_s = time.perf_counter() - t0
         warm_times = []
         for _ in range(5):
             fresh = KernelCache(Path(tmp), base.lock_root, base.lock_timeout_s)  # no in-memory copy
             t0 = time.perf_counter()
-            lookup = fresh.get(spec)
+            lookup = fresh.get(spec, compiler_for(spec.arch))
             current_runtime().load(lookup.kernel, spec.kernel_name, 0)
             warm_times.append(time.perf_counter() - t0)
             assert lookup.status == "cached"
@@ -94,10 +94,10 @@ def _compile_cost(dtype: Any) -> dict[str, float]:
 
 def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[tuple[int, int, int, float]]:
     """Every block size at a few m: the data behind the policy in kernels.add_rmsnorm_block."""
-    from ..kernels import add_rmsnorm_short_rows, kernel_def
-    from ..launch import launch, spec_for
-    from ..ops import MAX_GRID_BLOCKS
-    from ..spec import BLOCK_SIZES, DType, Op
+    from ..jit.kernels import add_rmsnorm_short_rows, kernel_def
+    from ..device.launch import launch, spec_for
+    from ..device.ops import MAX_GRID_BLOCKS
+    from ..jit.spec import BLOCK_SIZES, DType, Op
 
     results = []
     for n in hidden:
@@ -133,7 +133,7 @@ VARIANT_MIN_M = 1024
 def _variant_rows(torch: Any, dtype: Any, eps: float, hidden: list[int], ms: list[int]) -> list[dict[str, Any]]:
     """Per (m, n): the contiguous call's time and each variant's. Each variant computes on the same values (an
     fp32 copy of w is the same weight), so its first call must give the contiguous call's bits."""
-    from ..ops import add_rmsnorm
+    from ..device.ops import add_rmsnorm
 
     rows = []
     for n in hidden:
@@ -167,11 +167,11 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
-    from ..kernels import add_rmsnorm_block
-    from ..ops import add_rmsnorm
+    from ..jit.kernels import add_rmsnorm_block
+    from ..device.ops import add_rmsnorm
     from .timing import copy_bandwidth
 
-    from ..validate import require_gpu
+    from ..device.validate import require_gpu
 
     require_gpu("python -m fused_ar bench add_rmsnorm")
     dtype = getattr(torch, args.dtype.torch_name)

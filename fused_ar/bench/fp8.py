@@ -48,9 +48,9 @@ def _capture(torch: Any, streams: list, steps: list[Callable[[], Any]], calls: i
 def bench_fp8(args: argparse.Namespace) -> int:
     import torch
 
-    from ..communicator import Communicator
+    from ..comm.communicator import Communicator
     from ..reference import prime_allocator
-    from ..validate import require_gpu
+    from ..device.validate import require_gpu
 
     require_gpu("python -m fused_ar bench fp8")
     prime_allocator()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..communicator import Communicator
+from ..comm.communicator import Communicator
 
 
 class Group:

@@ -76,10 +76,10 @@ def bench_host(args: argparse.Namespace) -> int:
 
     import fused_ar.torch_ops  # noqa: F401  (defines torch.ops.fused_ar.*)
 
-    from ..communicator import Communicator
-    from ..ops import add_rmsnorm
+    from ..comm.communicator import Communicator
+    from ..device.ops import add_rmsnorm
     from ..reference import prime_allocator
-    from ..validate import require_gpu
+    from ..device.validate import require_gpu
 
     require_gpu("python -m fused_ar bench host")
     m, n, tp, eps = args.m[0], args.hidden[0], args.tp[0], 1e-6

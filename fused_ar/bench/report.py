@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..spec import DType
-from ..thresholds import SizeRule, Thresholds
+from ..jit.spec import DType
+from ..comm.thresholds import SizeRule, Thresholds
 from .paths import BY_NAME, PAIRS
 from .results import Run
 
@@ -76,7 +76,7 @@ def crossovers(run: Run) -> list[Crossover]:
 
 
 def thresholds_for(run: Run, arch: str, tp: int) -> Thresholds:
-    """The thresholds file content for one TP of a run (fused_ar.thresholds)."""
+    """The thresholds file content for one TP of a run (fused_ar.comm.thresholds)."""
     rules = {Thresholds.key(c.dtype, c.hidden): c.rule(DType.parse(c.dtype).itemsize)
              for c in crossovers(run) if c.tp == tp}
     return Thresholds(arch, tp, rules, run.command)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..spec import DType
+from ..jit.spec import DType
 
 
 @dataclass(frozen=True)

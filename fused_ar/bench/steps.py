@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import FusedArError
-from ..ops import add_rmsnorm
+from ..device.ops import add_rmsnorm
 from ..reference import add_rmsnorm_reference, ulp_distance
 from .group import Group
 from .paths import BenchPath, Needs

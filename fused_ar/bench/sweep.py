@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 from .._version import __version__
 from ..errors import InputError
-from ..ipc import GRAPH_TABLES
-from ..spec import DType
+from ..comm.ipc import GRAPH_TABLES
+from ..jit.spec import DType
 from .group import Group
 from .paths import BY_NAME, Needs
 from .results import Point, Run
@@ -237,14 +237,14 @@ def run_sweep(args: argparse.Namespace) -> int:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     import torch
 
-    from ..launch import arch_of
+    from ..device.launch import arch_of
     from . import report, timing
 
     sweep = Sweep(tuple(args.tp), tuple(args.m), tuple(args.hidden), tuple(d.value for d in args.dtype),
                   tuple(args.paths), args.graph_calls, args.replays,
                   "python -m fused_ar bench " + " ".join(shlex.quote(a) for a in args.argv))
     sweep.check()
-    from ..validate import require_gpu
+    from ..device.validate import require_gpu
 
     require_gpu("python -m fused_ar bench")
     gpus = torch.cuda.device_count()
@@ -285,7 +285,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     files = report.write_all(run, out)
     found = report.crossovers(run)
     if args.write_thresholds:
-        from ..thresholds import write
+        from ..comm.thresholds import write
 
         arch = arch_of(0)
         for tp, emulated in modes.items():

@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from fused_ar.cache import KernelCache
-from fused_ar.compiler import compiler_for
-from fused_ar.spec import KernelSpec
+from fused_ar.jit.cache import KernelCache
+from fused_ar.backends import compiler_for
+from fused_ar.jit.spec import KernelSpec
 
 SPEC = KernelSpec("add_rmsnorm", "bf16", "sm_90", block=128)
 

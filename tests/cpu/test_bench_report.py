@@ -11,16 +11,16 @@ import random
 
 import pytest
 
-from fused_ar import thresholds
+from fused_ar.comm import thresholds
 from fused_ar.bench import report
 from fused_ar.bench.paths import DEFAULT_PATHS, PAIRS, parse_paths
 from fused_ar.bench.results import Point, Run
 from fused_ar.bench.sweep import Sweep, plan
 from fused_ar.cli import _sizes, build_parser
 from fused_ar.errors import InputError
-from fused_ar.policy import Path, choose_path, fallback_min_bytes, one_stage_max_bytes
-from fused_ar.spec import DType, Platform
-from fused_ar.thresholds import SizeRule, Thresholds
+from fused_ar.comm.policy import Path, choose_path, fallback_min_bytes, one_stage_max_bytes
+from fused_ar.jit.spec import DType, Platform
+from fused_ar.comm.thresholds import SizeRule, Thresholds
 
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 HIDDEN = 4096
@@ -207,6 +207,18 @@ def test_bench_without_a_gpu_says_so(capsys):
     assert "needs a GPU" in capsys.readouterr().err
 
 
+def test_probe_without_a_gpu_says_so_in_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from fused_ar.cli import main
+
+    assert main(["probe", "0", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fused_ar: error: python -m fused_ar probe needs a GPU") and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("argv, option, what", [
     (["bench", "--profile"], "--profile", "allreduce_rmsnorm"),
     (["bench", "host", "--variants"], "--variants", "host"),
@@ -246,7 +258,7 @@ def test_a_check_failing_on_one_rank_raises_on_every_rank():
 
 
 def test_communicator_size_rule_is_the_stored_rule_of_the_shape(monkeypatch):
-    import fused_ar.communicator as communicator
+    import fused_ar.comm.communicator as communicator
 
     monkeypatch.setattr(communicator, "current_runtime", lambda: None)  # no device is touched
     comm = communicator.Communicator.__new__(communicator.Communicator)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fused_ar.cache import SCHEMA_VERSION, KernelCache, cache_key
-from fused_ar.compiler import CompiledKernel, Compiler, compiler_for
+from fused_ar.jit.cache import SCHEMA_VERSION, KernelCache, cache_key
+from fused_ar.backends import compiler_for
+from fused_ar.jit.compiler import CompiledKernel, Compiler
 from fused_ar.errors import CacheTrustError
-from fused_ar.render import render
-from fused_ar.spec import KernelSpec, Platform
+from fused_ar.jit.render import render
+from fused_ar.jit.spec import KernelSpec, Platform
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = KernelSpec("add_rmsnorm", "bf16", "sm_90", block=128)
@@ -146,7 +147,7 @@ def test_builder_killed_mid_build_blocks_nothing(tmp_path):
     assert not list((tmp_path / "cache").glob("??/*.json")), "a partial entry is visible"
     cache = KernelCache(tmp_path / "cache", tmp_path / "locks", lock_timeout_s=10)
     start = time.perf_counter()
-    lookup = cache.get(SPEC)
+    lookup = cache.get(SPEC, compiler_for(SPEC.arch))
     assert lookup.status == "built" and time.perf_counter() - start < 10
     assert _cache(tmp_path).read(lookup.key) is not None
 

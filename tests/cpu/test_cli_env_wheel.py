@@ -110,7 +110,7 @@ def test_wheel_installs_and_warms_from_another_directory(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     e = dict(os.environ, FUSED_AR_CACHE_DIR=str(tmp_path / "c"), PYTHONPATH="", PYTHONNOUSERSITE="1")
-    code = "import fused_ar, fused_ar.render as r; print(fused_ar.__file__); print(r.kernels_src_dir())"
+    code = "import fused_ar, fused_ar.jit.render as r; print(fused_ar.__file__); print(r.kernels_src_dir())"
     where = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=elsewhere, env=e, check=True)
     package_file, src_dir = where.stdout.splitlines()
     assert package_file.startswith(str(venv)) and src_dir == str(Path(package_file).parent / "kernels_src")

@@ -1,5 +1,5 @@
 """The AMD path without ROCm: every kernel's HIP source compiles with clang-19 for gfx942, and its optimized
-IR lowers for gfx950 through the LLVM in the triton wheel; both pass fused_ar.amd_isa's rules (DPP wave sum,
+IR lowers for gfx950 through the LLVM in the triton wheel; both pass fused_ar.backends.amd.isa's rules (DPP wave sum,
 system-scope flags, 16-byte accesses, no ds_bpermute, no scratch).
 
 What the gfx950 check does not prove: the IR comes from a gfx942 frontend (macros such as __gfx942__, not
@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 
-from fused_ar import amd_isa
-from fused_ar.compiler_clang import ClangHipCompiler
-from fused_ar.kernels import check_specs, warm_matrix
-from fused_ar.render import render
-from fused_ar.spec import SUPPORTED_NGPUS, DType
+from fused_ar.backends.amd import isa as amd_isa
+from fused_ar.backends.amd.clang import ClangHipCompiler
+from fused_ar.jit.kernels import check_specs, warm_matrix
+from fused_ar.jit.render import render
+from fused_ar.jit.spec import SUPPORTED_NGPUS, DType
 
 SPECS = warm_matrix(["gfx942"], list(DType), SUPPORTED_NGPUS) + check_specs("gfx942")
 

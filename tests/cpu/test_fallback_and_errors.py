@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from fused_ar.errors import FusedArError, InputError, MismatchError, PeerTimeoutError
-from fused_ar.kernels import CROSS_GPU_NGPUS, ERROR_MISMATCH, ERROR_TIMEOUT, ERROR_UNREGISTERED, REPORT_WORDS
-from fused_ar.policy import FallbackLog, Path, choose_path, group_fallback_reason
-from fused_ar.probe import remembered
-from fused_ar.report import describe_call, pending_exception
-from fused_ar.spec import DType, Op, Platform
-from fused_ar.validate import check_rmsnorm_inputs, cross_gpu_limit
+from fused_ar.jit.kernels import CROSS_GPU_NGPUS, ERROR_MISMATCH, ERROR_TIMEOUT, ERROR_UNREGISTERED, REPORT_WORDS
+from fused_ar.comm.policy import FallbackLog, Path, choose_path, group_fallback_reason
+from fused_ar.jit.verdicts import remembered
+from fused_ar.comm.report import describe_call, pending_exception
+from fused_ar.jit.spec import DType, Op, Platform
+from fused_ar.device.validate import check_rmsnorm_inputs, cross_gpu_limit
 
 MAX = 1 << 20
 

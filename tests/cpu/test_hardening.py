@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from fused_ar import env, probe, thresholds
-from fused_ar.cache import KernelCache
+from fused_ar import env
+from fused_ar.backends import compiler_for
+from fused_ar.comm import probe, thresholds
+from fused_ar.jit.cache import KernelCache
 from fused_ar.errors import CacheTrustError, ConfigError
-from fused_ar.spec import KernelSpec
-from fused_ar.warm import warm
+from fused_ar.jit.spec import KernelSpec
+from fused_ar.jit.warm import warm
 
 from .test_cache import SPEC, FakeCompiler
 from .warm_helpers import PER_DTYPE
@@ -49,7 +51,7 @@ def _cli(*args: str, cache: Path, timeout: float = 120, **extra: str) -> subproc
 def test_nvrtc_compile_leaves_interned_bytes_alone(tmp_path):
     """NVRTC writes its (empty) log into the buffer it is given: a `b" " * 1` there is CPython's shared
     one-byte object, and every later b" " in the process would read b"\\x00"."""
-    code = ("import fused_ar.compiler as c, fused_ar.render as r, fused_ar.spec as s\n"
+    code = ("import fused_ar.backends as c, fused_ar.jit.render as r, fused_ar.jit.spec as s\n"
             "k = c.compiler_for('sm_90').compile(r.render(s.KernelSpec('add_rmsnorm', 'bf16', 'sm_90')), 'sm_90')\n"
             "assert k.log == '' or k.log.strip() == '', k.log\n"
             "assert bytes([32]).decode() == ' ', bytes([32])\n"
@@ -413,7 +415,7 @@ def test_a_dying_worker_costs_only_its_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSED_AR_CACHE_DIR", str(tmp_path / "c"))
     specs = [KernelSpec("add_rmsnorm", "bf16", "sm_90", block=b) for b in (64, 128, 256, 512, 1024)]
     results = []
-    warm(specs, 2, results.append, work=die_at_block_512)
+    warm(specs, 2, results.append, compiler_for, work=die_at_block_512)
     by_block = {r.spec.block: r for r in results}
     assert sorted(by_block) == [64, 128, 256, 512, 1024] and len(results) == 5
     assert by_block[512].status == "failed" and "died" in by_block[512].error

@@ -1,6 +1,6 @@
-"""The AMD path through the project's own hiprtc code (fused_ar.compiler_hiprtc, hip-python) against a real
+"""The AMD path through the project's own hiprtc code (fused_ar.backends.amd.compiler, hip-python) against a real
 hiprtc with no GPU: Debian's ROCm runtime (5.2 on Debian 12) compiles gfx90a but not gfx942. The whole warm
-matrix for gfx90a, its machine code checked by fused_ar.amd_isa; gfx942 refused in one line, with the
+matrix for gfx90a, its machine code checked by fused_ar.backends.amd.isa; gfx942 refused in one line, with the
 process intact; the identity names the files that compile; every HIP runtime call the project makes,
 against the real libamdhip64, returns an error status (no device) instead of crashing or a TypeError."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fused_ar import amd_isa
-from fused_ar.cache import KernelCache
-from fused_ar.kernels import warm_matrix
-from fused_ar.spec import SUPPORTED_NGPUS, DType, KernelSpec
+from fused_ar.backends.amd import isa as amd_isa
+from fused_ar.jit.cache import KernelCache
+from fused_ar.jit.kernels import warm_matrix
+from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec
 
 from .warm_helpers import PER_DTYPE
 
@@ -91,7 +91,7 @@ def test_gfx942_on_this_hiprtc_is_one_clear_line(tmp_path):
 
 
 def test_library_compile_for_an_unknown_arch_raises_instead_of_aborting(tmp_path):
-    code = ("import fused_ar.compiler as c, fused_ar.render as r, fused_ar.spec as s, fused_ar.errors as e\n"
+    code = ("import fused_ar.backends as c, fused_ar.jit.render as r, fused_ar.jit.spec as s, fused_ar.errors as e\n"
             "try:\n"
             "    c.compiler_for('gfx942').compile(r.render(s.KernelSpec('add_rmsnorm', 'bf16', 'gfx942')), 'gfx942')\n"
             "except e.CompileError as exc:\n"
@@ -107,7 +107,7 @@ def test_library_compile_for_an_unknown_arch_raises_instead_of_aborting(tmp_path
 
 def test_identity_names_the_files_that_compile(tmp_path):
     """The key changes when comgr does: a copy found first on the loader's path is a different compiler."""
-    code = "from fused_ar.compiler import compiler_for; print(compiler_for('gfx90a').identity())"
+    code = "from fused_ar.backends import compiler_for; print(compiler_for('gfx90a').identity())"
 
     def identity(extra_path: str = "") -> str:
         path = os.pathsep.join(p for p in (extra_path, os.environ.get("LD_LIBRARY_PATH", "")) if p)
@@ -131,9 +131,9 @@ def test_every_hip_runtime_call_takes_its_arguments(tmp_path):
     code = r'''
 import contextlib, ctypes
 from hip import hip
-from fused_ar.compiler import CompiledKernel
+from fused_ar.jit.compiler import CompiledKernel
 from fused_ar.errors import DeviceError
-from fused_ar.runtime_hip import HipRuntime
+from fused_ar.backends.amd.runtime import HipRuntime
 
 class Bare(HipRuntime):
     def _in(self, device):  # no device to make current: run each call as it is
@@ -171,8 +171,8 @@ for name, call in calls.items():
         print(name, "DeviceError", str(exc).replace(chr(10), " "))
 '''
     hsaco = tmp_path / "k.hsaco"
-    from fused_ar.compiler import compiler_for
-    from fused_ar.render import render
+    from fused_ar.backends import compiler_for
+    from fused_ar.jit.render import render
 
     spec = KernelSpec("add_rmsnorm", "bf16", "gfx90a")
     hsaco.write_bytes(compiler_for("gfx90a").compile(render(spec), "gfx90a").code)

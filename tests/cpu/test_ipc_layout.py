@@ -6,9 +6,9 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from fused_ar.ipc import TABLE_STRIDE, PeerView
-from fused_ar.kernels import DESC_WORDS, MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
-from fused_ar.report import REPORT_BYTES
+from fused_ar.comm.ipc import TABLE_STRIDE, PeerView
+from fused_ar.jit.kernels import DESC_WORDS, MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
+from fused_ar.comm.report import REPORT_BYTES
 
 
 def test_peer_table_is_fa_peers_t():
@@ -38,7 +38,7 @@ def test_signal_and_report_sizes_match_the_structs():
 def test_cuda_ipc_handle_bytes_round_trip():
     from cuda.bindings import driver
 
-    from fused_ar.runtime_cuda import IPC_HANDLE_BYTES
+    from fused_ar.backends.nvidia.runtime import IPC_HANDLE_BYTES
 
     handle = driver.CUipcMemHandle()
     payload = bytes(range(IPC_HANDLE_BYTES))
@@ -49,7 +49,7 @@ def test_cuda_ipc_handle_bytes_round_trip():
 def test_hip_ipc_handle_bytes_round_trip():
     from hip import hip
 
-    from fused_ar.runtime_hip import IPC_HANDLE_BYTES
+    from fused_ar.backends.amd.runtime import IPC_HANDLE_BYTES
 
     handle = hip.hipIpcMemHandle_t()
     payload = bytes(range(100, 100 + IPC_HANDLE_BYTES))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import fused_ar.cache as cache_module
-from fused_ar.cache import KernelCache, read_manifest, write_manifest
+import fused_ar.jit.cache as cache_module
+from fused_ar.jit.cache import KernelCache, read_manifest, write_manifest
 
 from .test_cache import SPEC, FakeCompiler
 from .warm_helpers import PER_DTYPE
@@ -160,10 +160,11 @@ def test_the_readme_container_steps_another_uid_compiles_nothing():
         site = [p for p in sys.path if p.endswith("site-packages")][0]
         env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}{os.pathsep}{site}",
                "LD_LIBRARY_PATH": str(nvrtc_lib), "FUSED_AR_CACHE_PATH": str(layer)}
-        code = ("import fused_ar.cache as c, fused_ar.kernels as k, fused_ar.spec as s\n"
+        code = ("import fused_ar.jit.cache as c, fused_ar.jit.kernels as k, fused_ar.jit.spec as s\n"
+                "from fused_ar.backends import compiler_for\n"
                 "cache = c.default_cache()\n"
                 "for spec in k.warm_matrix(['sm_90'], [s.DType.BF16], [1, 2]):\n"
-                "    lk = cache.get(spec)\n"
+                "    lk = cache.get(spec, compiler_for(spec.arch))\n"
                 "    print(lk.status, lk.source == str(c.env.CACHE_PATH.get()[0]))\n")
         first = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in env.items()), *python, "-c", code],
                                capture_output=True, text=True, cwd=base, timeout=300)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fused_ar.errors import ConfigError, InputError
-from fused_ar.kernels import CROSS_GPU_NGPUS
-from fused_ar.policy import ONE_STAGE_MAX_BYTES, KiB, one_stage_max_bytes, use_two_stage
-from fused_ar.spec import Platform
+from fused_ar.jit.kernels import CROSS_GPU_NGPUS
+from fused_ar.comm.policy import ONE_STAGE_MAX_BYTES, KiB, one_stage_max_bytes, use_two_stage
+from fused_ar.jit.spec import Platform
 
 
 def test_table_covers_every_platform_and_group_size():

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from fused_ar.kernels import all_kernels, warm_matrix
-from fused_ar.render import kernels_src_dir, render
-from fused_ar.spec import DType, KernelSpec, Op, Platform, platform_of_arch
+from fused_ar.jit.kernels import all_kernels, warm_matrix
+from fused_ar.jit.render import kernels_src_dir, render
+from fused_ar.jit.spec import DType, KernelSpec, Op, Platform, platform_of_arch
 
 
 def test_spec_is_hashable_and_normalizes_strings():
@@ -97,7 +97,7 @@ def test_short_rows_is_a_variant_of_add_rmsnorm_with_t_output_only():
 def test_short_rows_hold_two_packs_and_ask_for_more_resident_threads():
     """What the H200 measured (kernels.py): short rows keep 2 packs and ask for 1024 threads per SM; long rows of
     16-bit x keep 4 and ask for 768, except with an fp32 weight (it would spill); 1024-thread blocks ask for none."""
-    from fused_ar.kernels import SHORT_ROW_THREADS, LONG_ROW_THREADS
+    from fused_ar.jit.kernels import SHORT_ROW_THREADS, LONG_ROW_THREADS
 
     def defines(spec):
         text = render(spec).text
@@ -124,7 +124,7 @@ def test_short_rows_policy_and_warm_matrix_agree(dtype, cols, block, short):
     """The launch takes the short-row kernel for rows of at most 2 packs a thread in 256 to 512 threads (bf16:
     n <= 8192), 4 packs a thread beyond, and warm builds the kernel it takes. The one-stage fused kernel
     keeps the long-row blocks."""
-    from fused_ar.kernels import add_rmsnorm_kernel, allreduce_rmsnorm_block, long_row_block
+    from fused_ar.jit.kernels import add_rmsnorm_kernel, allreduce_rmsnorm_block, long_row_block
 
     packs = -(-cols * DType.parse(dtype).itemsize // 16)
     assert add_rmsnorm_kernel(packs) == (block, short)

@@ -8,12 +8,12 @@ import ctypes
 import pytest
 import torch
 
-import fused_ar.ops as ops
+import fused_ar.device.ops as ops
 from fused_ar.errors import InputError, NoGpuError
-from fused_ar.kernels import ADD_RMSNORM
-from fused_ar.plans import LaunchPlan
-from fused_ar.runtime import pack_args
-from fused_ar.validate import device_index, require_gpu
+from fused_ar.jit.kernels import ADD_RMSNORM
+from fused_ar.device.plans import LaunchPlan
+from fused_ar.jit.runtime import pack_args
+from fused_ar.device.validate import device_index, require_gpu
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fused_ar import Communicator
-from fused_ar.report import describe_error
+from fused_ar.comm.report import describe_error
 from tests.reference import allreduce_reference, assert_rmsnorm_matches, prime_allocator
 
 pytestmark = pytest.mark.gpu
@@ -132,7 +132,7 @@ def test_m_zero_and_errors(group):
 
 
 def test_create_close_50_times_without_growth():
-    from fused_ar.runtime import current_runtime
+    from fused_ar.backends import current_runtime
 
     rt = current_runtime()
     streams = [torch.cuda.Stream() for _ in range(2)]
@@ -203,7 +203,7 @@ def _mp_worker(rank, world, init_file, result_dir):
                     assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
                     assert torch.equal(ar, allreduce_reference(xs)), f"{path} all-reduce wrong on rank {rank}"
         if world == 2:  # 50 create/close cycles with real IPC handles: no device memory or fd growth
-            from fused_ar.runtime import current_runtime
+            from fused_ar.backends import current_runtime
 
             rt = current_runtime()
             Communicator(device=0, max_bytes=1 << 20).close()

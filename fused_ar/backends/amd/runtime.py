@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Any, Iterator
 
-from .compiler import CompiledKernel, checked
-from .errors import DeviceError
-from .compiler_hiprtc import HIP_LIBRARY
-from .runtime import Runtime, c_function, stream_arg
-from .spec import Platform
+from ...jit.compiler import CompiledKernel, checked
+from ...errors import DeviceError
+from .compiler import HIP_LIBRARY
+from ...jit.runtime import Runtime, c_function, stream_arg
+from ...jit.spec import Platform
 
 
 IPC_HANDLE_BYTES = 64  # HIP_IPC_HANDLE_SIZE

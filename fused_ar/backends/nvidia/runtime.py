@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Any, Iterator
 
-from .compiler import CompiledKernel, checked
-from .errors import DeviceError
-from .runtime import Runtime, c_function, stream_arg
-from .spec import Platform
+from ...jit.compiler import CompiledKernel, checked
+from ...errors import DeviceError
+from ...jit.runtime import Runtime, c_function, stream_arg
+from ...jit.spec import Platform
 
 
 IPC_HANDLE_BYTES = 64  # CU_IPC_HANDLE_SIZE

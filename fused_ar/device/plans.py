@@ -2,7 +2,7 @@
 environment), validated and built once; per call only pointers, alignment, aliasing and eps are checked,
 and only the changing fields of a prebuilt argument buffer are written before one ctypes launch.
 
-A plan never validates: callers run the full checks of fused_ar.validate when they build one, and the
+A plan never validates: callers run the full checks of fused_ar.device.validate when they build one, and the
 per-call checks each time (`rmsnorm_pointers_ok`, `allreduce_pointers_ok`, `plain_eps`), falling back to the
 full checks (which raise the right error) when a per-call check fails.
 """
@@ -14,10 +14,11 @@ import math
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from .kernels import Arg, KernelDef, kernel_def
+from ..jit.kernels import Arg, KernelDef, kernel_def
 from .launch import function
-from .runtime import current_runtime, pack_args, stream_arg
-from .spec import DEFAULT_PACK, KernelSpec
+from ..backends import current_runtime
+from ..jit.runtime import pack_args, stream_arg
+from ..jit.spec import DEFAULT_PACK, KernelSpec
 
 _CTYPES = {Arg.PTR: ctypes.c_void_p, Arg.I32: ctypes.c_int32, Arg.I64: ctypes.c_int64, Arg.F32: ctypes.c_float}
 _structs: dict[KernelDef, type] = {}

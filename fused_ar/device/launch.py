@@ -9,10 +9,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable, Optional, Sequence
 
-from .cache import default_cache
-from .kernels import kernel_def
-from .runtime import current_runtime, device_arch, pack_args
-from .spec import DEFAULT_PACK, DType, Fp8Format, KernelSpec, Op, Quant, WeightKind
+from ..jit.cache import default_cache
+from ..jit.kernels import kernel_def
+from ..backends import compiler_for, current_runtime, device_arch
+from ..jit.runtime import pack_args
+from ..jit.spec import DEFAULT_PACK, DType, Fp8Format, KernelSpec, Op, Quant, WeightKind
 
 # Per-process memos: a device's arch never changes, and a loaded function stays valid for the process.
 _archs: dict[int, str] = {}
@@ -43,7 +44,7 @@ def function(spec: KernelSpec, device: int) -> Any:
     """The loaded function for `spec` on `device`, compiling (or reading the disk cache) on first use."""
     fn = _functions.get((spec, device))
     if fn is None:
-        kernel = default_cache().get(spec).kernel
+        kernel = default_cache().get(spec, compiler_for(spec.arch)).kernel
         fn = _functions[(spec, device)] = current_runtime().load(kernel, spec.kernel_name, device)
     return fn
 

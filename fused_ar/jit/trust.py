@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Collection, Iterator, Optional
 
-from .errors import CacheTrustError
+from ..errors import CacheTrustError
 
 log = logging.getLogger("fused_ar")
 

@@ -1,5 +1,5 @@
 """Which path a call takes: the one-stage/two-stage byte thresholds, with their origins, the measured rules
-that replace them (fused_ar.thresholds), the environment overrides, and the rules that send a call to the
+that replace them (fused_ar.comm.thresholds), the environment overrides, and the rules that send a call to the
 fallback (torch.distributed all-reduce + our add_rmsnorm). Pure functions; no devices, no launches.
 """
 
@@ -9,9 +9,9 @@ import logging
 from enum import Enum
 from typing import Optional, Sequence, Union
 
-from . import env
-from .errors import InputError
-from .spec import Platform
+from .. import env
+from ..errors import InputError
+from ..jit.spec import Platform
 from .thresholds import SizeRule
 
 KiB = 1024
@@ -43,7 +43,7 @@ ONE_STAGE_MAX_BYTES: dict[tuple[Platform, int], int] = {
 
 
 def one_stage_max_bytes(platform: Platform, ngpus: int, rule: SizeRule = SizeRule()) -> int:
-    """The environment, else the measured rule (fused_ar.thresholds), else the built-in table."""
+    """The environment, else the measured rule (fused_ar.comm.thresholds), else the built-in table."""
     override = env.ONE_STAGE_MAX_BYTES.get()
     if override is not None:
         return override

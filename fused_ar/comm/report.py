@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import FusedArError, MismatchError, PeerTimeoutError
-from .kernels import DESC_WORDS, ERROR_MISMATCH, ERROR_TIMEOUT, ERROR_UNREGISTERED, REPORT_WORDS
-from .spec import DType, Op
+from ..errors import FusedArError, MismatchError, PeerTimeoutError
+from ..jit.kernels import DESC_WORDS, ERROR_MISMATCH, ERROR_TIMEOUT, ERROR_UNREGISTERED, REPORT_WORDS
+from ..jit.spec import DType, Op
 
 REPORT_BYTES = 4 * REPORT_WORDS
 _PHASES = ("start", "mid", "end")

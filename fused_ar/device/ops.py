@@ -3,7 +3,7 @@ the epilogue of the communicator's fallback path.
 
 Semantics are docs/design.md sections 1 and 1b with N = 1. A call's key (shapes, dtypes, strides, devices,
 which operands are given, how it quantizes) is validated fully the first time, with a launch plan built
-for it (fused_ar.plans); later calls with that key check only what can change (pointers, their alignment,
+for it (fused_ar.device.plans); later calls with that key check only what can change (pointers, their alignment,
 aliasing, eps, the weight offset) and launch. Anything a per-call check does not pass goes through the
 full validation, which raises the error or builds the plan that call needs.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
+from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
 from .launch import arch_of, spec_for
 from .plans import (LaunchPlan, fp8_pointers_ok, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key,
                     rmsnorm_pointers_ok, span_bytes)
-from .spec import Op, Quant, native_fp8
+from ..jit.spec import Op, Quant, native_fp8
 from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_outputs, check_quant,
                        check_quant_outputs, check_rmsnorm_inputs, check_scale_value, overlaps, row_pack)
 
@@ -132,7 +132,7 @@ def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offs
 def check_fp8_aliasing(quant: QuantCall, x: Any, residual: Any, weight: Any, residual_out: Any, out: Any,
                        scales: Any) -> None:
     """The FP8 out and the scales it writes (a static scale is read) share no byte with another operand."""
-    from .errors import InputError
+    from ..errors import InputError
 
     static = quant.kind is Quant.STATIC
     written = [("out", out)] + ([] if static else [("scales_out", scales)])

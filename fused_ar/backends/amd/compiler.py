@@ -5,7 +5,7 @@ really compile: the library providing hiprtc (libhiprtc, or libamdhip64 on ROCm 
 loads. A hiprtc that does not know an arch aborts the whole process inside hiprtcCompileProgram, so each
 (identity, arch) is first compiled in a child process once, and the verdict is remembered on disk.
 
-    python -m fused_ar.compiler_hiprtc gfx942     # the child: compiles a small kernel for that arch
+    python -m fused_ar.backends.amd.compiler gfx942     # the child: compiles a small kernel for that arch
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
-from .compiler import (CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, status_name,
+from ... import env
+from ...jit.compiler import (CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, status_name,
                        unavailable)
-from .errors import UnsupportedArchError
-from .render import Source
-from .spec import Platform
+from ...errors import UnsupportedArchError
+from ...jit.render import Source
+from ...jit.spec import Platform
+from ...jit.verdicts import remembered
 
 _BASE_OPTIONS = ("-O3", "-std=c++17")
 HIPRTC_LIBRARY = "libhiprtc.so"  # the names hip-python opens
@@ -111,8 +113,6 @@ class HiprtcCompiler(Compiler):
     def check_arch(self, arch: str) -> None:
         """Compiles a small kernel for `arch` in a child process, once per (hiprtc identity, arch) and cache
         directory: a hiprtc that does not know the arch aborts the process it runs in."""
-        from .probe import remembered
-
         target = arch.split(":")[0]
         verdict = self._verdicts.get(arch)
         if verdict is None:
@@ -132,11 +132,9 @@ class HiprtcCompiler(Compiler):
 
 
 def _probe_in_child(arch: str) -> tuple[bool, str]:
-    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                             os.environ.get("PYTHONPATH", "")]))
     try:
-        done = subprocess.run([sys.executable, "-m", "fused_ar.compiler_hiprtc", arch], capture_output=True,
-                              text=True, timeout=PROBE_TIMEOUT_S, env=child_env)
+        done = subprocess.run([sys.executable, "-m", "fused_ar.backends.amd.compiler", arch], capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S, env=env.child_environ())
     except subprocess.TimeoutExpired:
         return False, f"the compile did not finish within {PROBE_TIMEOUT_S:g} s"
     if done.returncode == 0:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from .compiler import Compiler
 from .spec import KernelSpec
 
 _WATCH_PERIOD_S = 0.2
@@ -49,7 +50,7 @@ def _worker_init(parent: int) -> None:
 def target_cache(into: Optional[str]) -> Any:
     """The default cache, or the layer `into` (written shared: 0755 directories, 0644 files; nothing else
     read, so the layer gets every kernel)."""
-    from . import env
+    from .. import env
     from .cache import KernelCache, default_cache
 
     if into is None:
@@ -57,12 +58,13 @@ def target_cache(into: Optional[str]) -> Any:
     return KernelCache(Path(into), env.lock_dir(), env.LOCK_TIMEOUT_S.get(), shared=True)
 
 
-def warm_one(spec_dict: dict, into: Optional[str] = None) -> tuple[dict, str, float, bool, str]:
-    """Worker: one spec through the default cache (or the layer `into`) -> (spec, status, seconds, saved,
-    error)."""
+def warm_one(spec_dict: dict, into: Optional[str], compiler_for: Callable[[str], Compiler]) -> tuple[dict, str, float, bool, str]:
+    """Worker: one spec through the default cache (or the layer `into`), built by `compiler_for(arch)` on a
+    miss -> (spec, status, seconds, saved, error)."""
     start = time.perf_counter()
     try:
-        lookup = target_cache(into).get(KernelSpec.from_dict(spec_dict))
+        spec = KernelSpec.from_dict(spec_dict)
+        lookup = target_cache(into).get(spec, compiler_for(spec.arch))
         return spec_dict, lookup.status, lookup.seconds, lookup.saved, ""
     except Exception as exc:  # reported per kernel; the caller counts it as failed
         return spec_dict, "failed", time.perf_counter() - start, False, f"{type(exc).__name__}: {exc}"
@@ -76,15 +78,17 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 def warm(specs: Sequence[KernelSpec], jobs: int, on_result: Callable[[Result], None],
-         work: Callable[..., tuple] = warm_one, into: Optional[str] = None) -> None:
+         compiler_for: Callable[[str], Compiler], work: Callable[..., tuple] = warm_one,
+         into: Optional[str] = None) -> None:
     """Compiles `specs` with `jobs` workers, calling `on_result` once per spec as each finishes. On
-    KeyboardInterrupt the workers are killed before it propagates. `work` is what a worker runs per spec
-    (a module-level function, as `warm_one`)."""
+    KeyboardInterrupt the workers are killed before it propagates. `compiler_for(arch)` gives the compiler
+    (fused_ar.backends.compiler_for: the caller picks the backend); it and `work`, what a worker runs per
+    spec (as `warm_one`), are module-level functions, which reach the workers by name."""
     pending, ctx = list(specs), multiprocessing.get_context("spawn")
     while pending:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
                                    initargs=(os.getpid(),))
-        futures: dict[Future, KernelSpec] = {pool.submit(work, s.to_dict(), into): s for s in pending}
+        futures: dict[Future, KernelSpec] = {pool.submit(work, s.to_dict(), into, compiler_for): s for s in pending}
         finished: set[KernelSpec] = set()
         broken = False
         try:

@@ -1,20 +1,19 @@
-"""Load and launch on one platform, through a thin facade per vendor (runtime_cuda, runtime_hip).
+"""The runtime interface a backend implements (load, launch, memory, IPC), and what every backend shares.
 
-What is shared lives here: argument packing by C layout, the launch itself (one ctypes call into the
-driver's C launch function with a `void**` of parameter addresses: the hot path creates no binding objects),
-the choice of facade from torch's build, the arch of a device. Facades only load code objects, fetch
-functions and name the driver's C functions.
+Shared here: argument packing by C layout, the launch itself (one ctypes call into the driver's C launch
+function with a `void**` of parameter addresses: the hot path creates no binding objects). The vendor
+facades (fused_ar.backends.nvidia.runtime, fused_ar.backends.amd.runtime) only load code objects, fetch
+functions and name the driver's C functions; fused_ar.backends picks one. This module names no vendor.
 """
 
 from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
-from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 from .compiler import CompiledKernel
-from .errors import DeviceError, InputError
+from ..errors import DeviceError, InputError
 from .kernels import Arg, KernelDef
 from .spec import Platform
 
@@ -163,23 +162,3 @@ class Runtime(ABC):
     def mem_get_info(self, device: int) -> tuple[int, int]:
         """(free, total) device memory in bytes."""
 
-
-@lru_cache(maxsize=None)
-def current_runtime() -> Runtime:
-    import torch
-
-    if getattr(torch.version, "hip", None):
-        from .runtime_hip import HipRuntime
-        return HipRuntime()
-    from .runtime_cuda import CudaRuntime
-    return CudaRuntime()
-
-
-def device_arch(device: int) -> str:
-    """The full arch string of a visible GPU: sm_90, or gfx942:sramecc+:xnack- as the driver reports it."""
-    import torch
-
-    props = torch.cuda.get_device_properties(device)
-    if getattr(torch.version, "hip", None):
-        return props.gcnArchName
-    return f"sm_{props.major}{props.minor}"

@@ -1,8 +1,8 @@
 """The offline check of the AMD path: the same rendered source through a plain clang for gfx targets.
 
 `clang -x hip --offload-arch=gfx942 -nogpulib -nogpuinc --offload-device-only` needs no ROCm, so a
-machine without an AMD GPU proves the HIP source compiles; fused_ar.amd_isa inspects the code (DPP, system
-scope, scratch). `emit_llvm` gives the optimized IR that amd_isa lowers for gfx950, which clang-19 does
+machine without an AMD GPU proves the HIP source compiles; fused_ar.backends.amd.isa inspects the code (DPP, system
+scope, scratch). `emit_llvm` gives the optimized IR that fused_ar.backends.amd.isa lowers for gfx950, which clang-19 does
 not know. Its code objects are real; the cache keys them by this compiler's identity.
 """
 
@@ -15,11 +15,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
-from . import env
-from .compiler import CompiledKernel, Compiler, file_identity, unavailable
-from .errors import CompileError
-from .render import Source
-from .spec import Platform
+from ... import env
+from ...jit.compiler import CompiledKernel, Compiler, file_identity, unavailable
+from ...errors import CompileError
+from ...jit.render import Source
+from ...jit.spec import Platform
 
 _BASE_OPTIONS = ("-x", "hip", "-nogpulib", "-nogpuinc", "--offload-device-only", "--no-gpu-bundle-output",
                  "-O3", "-std=c++17")

@@ -6,7 +6,7 @@ there, loading the peer's data through the mapping and storing it back through i
 checks the bytes. The verdict is kept under the cache directory (one JSON file per key), behind a file
 lock, so the ranks of a node probe once between them.
 
-    python -m fused_ar.probe 0 1 2 3      # probe those GPUs now, print the verdict
+    python -m fused_ar probe 0 1 2 3      # probe those GPUs now, print the verdict
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from . import env, trust
-from ._version import __version__
-from .errors import CacheTrustError
+from .. import env
+from .._version import __version__
+from ..jit.verdicts import remembered
 
 ROWS, COLS = 4, 512  # bf16: one region is 4 KiB
 REGION = ROWS * COLS * 2
@@ -54,55 +54,10 @@ def peer_access(devices: Sequence[int]) -> tuple[bool, str]:
     return remembered(key, lambda: run_probe(devices), {"devices": devices})
 
 
-VERDICT_MAX_BYTES = 4096
-
-
-def _verdict(raw: Optional[bytes]) -> Optional[tuple[bool, str]]:
-    """(ok, detail) from a stored verdict, or None when there is none or it is malformed."""
-    if raw is None:
-        return None
-    try:
-        verdict = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool) or not isinstance(verdict.get("detail"), str):
-        return None
-    return verdict["ok"], verdict["detail"]
-
-
-def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None,
-               kind: str = "peer_access") -> tuple[bool, str]:
-    """The verdict of the `kind` probe stored for `key` under the cache directory, else probe() stored
-    there; one process probes at a time (the others wait on the lock, then read). A missing, malformed or
-    untrusted file is probed again; an unwritable cache only means probing again next time."""
-    from .cache import state_dir
-    from .locks import default_lock_dir
-
-    name = f"{kind}-{key}.json"
-    with default_lock_dir().held(f"probe-{key}", f"probing ({kind})"):
-        try:
-            with state_dir("probes") as (fd, where):
-                found = _verdict(trust.read_at(fd, name, VERDICT_MAX_BYTES, where / name))
-        except FileNotFoundError:
-            found = None
-        except CacheTrustError as exc:
-            trust.warn_once(env.cache_dir(), f"{exc}; probing again")
-            found = None
-        if found is not None:
-            return found[0], f"{found[1]} (probed earlier, {where / name})"
-        ok, detail = probe()
-        try:
-            with state_dir("probes", create=True) as (fd, _):
-                trust.write_at(fd, name, json.dumps({"ok": ok, "detail": detail, **(extra or {})}).encode())
-        except OSError:  # CacheTrustError included: the verdict is simply not remembered
-            pass
-        return ok, detail
-
-
 def run_probe(devices: Sequence[int]) -> tuple[bool, str]:
     """Exports one buffer per device (pattern, then a region per reader device), lets a child read and
     write every one from every device, and checks what came back."""
-    from .runtime import current_runtime
+    from ..backends import current_runtime
 
     rt = current_runtime()
     bufs = []
@@ -112,11 +67,9 @@ def run_probe(devices: Sequence[int]) -> tuple[bool, str]:
             bufs.append((d, ptr))
             rt.copy_to_device(ptr, _pattern(d), d)
         request = {"devices": list(devices), "handles": [rt.ipc_handle(ptr).hex() for _, ptr in bufs]}
-        child_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                                 os.environ.get("PYTHONPATH", "")]))
         try:
-            done = subprocess.run([sys.executable, "-m", "fused_ar.probe", "--child", json.dumps(request)],
-                                  capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=child_env)
+            done = subprocess.run([sys.executable, "-m", "fused_ar.comm.probe", "--child", json.dumps(request)],
+                                  capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env.child_environ())
         except subprocess.TimeoutExpired:
             return False, f"the probe child did not finish within {CHILD_TIMEOUT_S:g} s"
         if done.returncode != 0:
@@ -135,10 +88,10 @@ def run_probe(devices: Sequence[int]) -> tuple[bool, str]:
 def _child(request: dict) -> None:
     import torch
 
-    from .kernels import add_rmsnorm_kernel
-    from .launch import launch, named_args, spec_for
-    from .runtime import current_runtime
-    from .spec import DType, Op
+    from ..jit.kernels import add_rmsnorm_kernel
+    from ..device.launch import launch, named_args, spec_for
+    from ..backends import current_runtime
+    from ..jit.spec import DType, Op
 
     rt = current_runtime()
     devices, handles = request["devices"], [bytes.fromhex(h) for h in request["handles"]]
@@ -162,23 +115,19 @@ def _child(request: dict) -> None:
                 rt.ipc_close(peer, e)
 
 
-def main(argv: Sequence[str]) -> int:
-    if argv[:1] == ["--child"]:
-        _child(json.loads(argv[1]))
-        return 0
-    from .errors import FusedArError
-    from .validate import device_index, require_gpu
+def probe_command(gpus: Sequence[str]) -> int:
+    """`python -m fused_ar probe [GPU ...]`: probes those GPUs (default GPU 0) now and prints the verdict;
+    exit 0 when peer access works, 1 when it does not."""
+    from ..device.validate import device_index, require_gpu
 
-    try:
-        require_gpu("python -m fused_ar.probe")
-        devices = [device_index(int(a) if a.isdigit() else a, "GPU") for a in argv] or [device_index(0, "GPU")]
-        ok, detail = peer_access(devices)
-    except FusedArError as exc:
-        print(f"fused_ar.probe: {exc}", file=sys.stderr)
-        return 2
+    require_gpu("python -m fused_ar probe")
+    devices = [device_index(int(a) if a.isdigit() else a, "GPU") for a in gpus] or [device_index(0, "GPU")]
+    ok, detail = peer_access(devices)
     print(("peer access works: " if ok else "peer access does NOT work: ") + detail)
     return 0 if ok else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # the probe's child process: python -m fused_ar.comm.probe --child REQUEST
+    if sys.argv[1:2] != ["--child"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m fused_ar.comm.probe --child REQUEST (run by the probe; use `python -m fused_ar probe`)")
+    _child(json.loads(sys.argv[2]))

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import InputError, NoGpuError
-from .spec import DEFAULT_PACK, DType, Fp8Format, Quant, WeightKind
+from ..errors import InputError, NoGpuError
+from ..jit.spec import DEFAULT_PACK, DType, Fp8Format, Quant, WeightKind
 
 INT32_MAX = 2**31 - 1
 

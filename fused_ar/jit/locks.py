@@ -16,8 +16,9 @@ from typing import Iterator, Optional
 
 import filelock
 
-from . import env, trust
-from .errors import CacheTrustError, FusedArError
+from .. import env
+from . import trust
+from ..errors import CacheTrustError, FusedArError
 
 _LOCK_NAME = re.compile(r"(?:probe-)?[0-9a-f]{24,64}\.lock")
 

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from typing import Optional
 
-from .spec import KernelSpec, Quant, fp8_in_hardware
+from ...jit.spec import KernelSpec, Quant, fp8_in_hardware
 
 OBJDUMP = "llvm-objdump-19"
 READELF = "llvm-readelf-19"

@@ -1,7 +1,8 @@
-"""The compiler interface: `compile(source, arch) -> CompiledKernel`, and the choice of compiler per arch.
+"""The compiler interface: `compile(source, arch) -> CompiledKernel`, and what NVRTC and hiprtc share.
 
-Compilers know nothing of the cache (which wraps them) or of launching. Implementations: NVRTC
-(compiler_nvrtc), hiprtc (compiler_hiprtc) and the offline clang check of the AMD path (compiler_clang).
+Compilers know nothing of the cache (which wraps them) or of launching. Implementations live in the
+vendor folders (fused_ar.backends.nvidia: NVRTC; fused_ar.backends.amd: hiprtc and the offline clang
+check); fused_ar.backends picks one per arch. This module names no vendor.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .errors import CompilerUnavailableError
+from ..errors import CompilerUnavailableError
 from .render import Source
-from .spec import Platform, platform_of_arch
+from .spec import Platform
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,6 @@ def checked(result: Any, what: str, error: type[Exception] = RuntimeError) -> An
     return values[0] if len(values) == 1 else tuple(values)
 
 
-@lru_cache(maxsize=None)
-def compiler_for(arch: str) -> Compiler:
-    """NVRTC for sm_XX, hiprtc for gfx...; raises CompilerUnavailableError when that compiler cannot load."""
-    platform = platform_of_arch(arch)
-    if platform is Platform.CUDA:
-        from .compiler_nvrtc import NvrtcCompiler
-        return NvrtcCompiler()
-    from .compiler_hiprtc import HiprtcCompiler
-    return HiprtcCompiler()
-
 
 def plain(exc: BaseException) -> str:
     """A library's error message without Python's byte-string reprs (`'b'libx.so''` -> `libx.so`)."""
@@ -112,7 +102,7 @@ def rtc_compile(api: Any, prefix: str, code: str, source: Source, options: tuple
     the code-object getter's stem ('CUBIN' or 'Code'); `destroy(prog)` calls the binding's destroy the way
     it takes the program (hiprtc's C function takes a pointer to it). Output buffers are bytearrays this
     function owns (a C API writes into them); everything read from the program is copied before destroy."""
-    from .errors import CompileError
+    from ..errors import CompileError
 
     call = lambda name, *args: checked(getattr(api, prefix + name)(*args), prefix + name)  # noqa: E731
     prog = call("CreateProgram", source.text.encode(), source.filename.encode(), 0, [], [])

@@ -4,7 +4,7 @@ communicator's `auto` path.
 One JSON file per (arch, group size) under the cache directory, `thresholds/<arch>-tp<N>.json`, with one
 entry per (dtype, hidden size) the benchmark swept: the largest input (bytes per rank) the one-stage kernels
 should take, and the smallest input from which the fallback (the platform collective + our add_rmsnorm)
-beats both kernels, if any. A shape with no entry uses the built-in table of fused_ar.policy; the
+beats both kernels, if any. A shape with no entry uses the built-in table of fused_ar.comm.policy; the
 environment (FUSED_AR_1STAGE, FUSED_AR_1STAGE_MAX_BYTES, FUSED_AR_FALLBACK_MIN_BYTES) overrides both.
 Files are replaced atomically; a torn or foreign file is ignored with a warning (the built-in table
 serves), never trusted.
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import env, trust
-from .errors import CacheTrustError, FusedArError
-from .spec import DType, platform_of_arch
+from .. import env
+from ..jit import trust
+from ..errors import CacheTrustError, FusedArError
+from ..jit.spec import DType, platform_of_arch
 
 FORMAT_VERSION = 1
 log = logging.getLogger("fused_ar")
@@ -87,7 +88,7 @@ def path_for(arch: str, ngpus: int) -> Path:
 
 def write(thresholds: Thresholds) -> Path:
     """Stores `thresholds` (replacing the file for its arch and group size atomically); returns the path."""
-    from .cache import state_dir
+    from ..jit.cache import state_dir
 
     name = file_name(thresholds.arch, thresholds.ngpus)
     try:
@@ -100,7 +101,7 @@ def write(thresholds: Thresholds) -> Path:
 
 def load(arch: str, ngpus: int) -> Optional[Thresholds]:
     """The stored thresholds for (arch, ngpus), or None (no file, or one that cannot be trusted)."""
-    from .cache import state_dir
+    from ..jit.cache import state_dir
 
     name = file_name(arch, ngpus)
     try:

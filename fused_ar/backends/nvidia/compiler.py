@@ -9,10 +9,10 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from .compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, unavailable
-from .errors import UnsupportedArchError
-from .render import Source
-from .spec import Platform
+from ...jit.compiler import CompiledKernel, Compiler, checked, file_identity, loaded_library, rtc_compile, unavailable
+from ...errors import UnsupportedArchError
+from ...jit.render import Source
+from ...jit.spec import Platform
 
 _BASE_OPTIONS = ("--std=c++17", "-Xptxas=-O3")
 

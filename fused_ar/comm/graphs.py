@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .errors import DeviceError, FusedArError
+from ..errors import DeviceError, FusedArError
 from .ipc import GRAPH_TABLES, PeerView, RankMemory
-from .runtime import Runtime
+from ..jit.runtime import Runtime
 
 
 @dataclass(frozen=True)

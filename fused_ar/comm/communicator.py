@@ -1,6 +1,6 @@
 """`Communicator`: one tensor-parallel group's fused AllReduce + residual add + RMSNorm, and AllReduce.
 
-Owns this rank's IPC memory (fused_ar.ipc), its view of the peers, its graph tables (fused_ar.graphs)
+Owns this rank's IPC memory (fused_ar.comm.ipc), its view of the peers, its graph tables (fused_ar.comm.graphs)
 and the per-call choices (path, grid, fallback). Group I/O happens in named steps, `_allocate` and
 `_connect`; `local_group` builds N ranks in one process on one GPU with the same memory, kernels and
 launches (only the handle exchange differs). Every call first reads this rank's host-visible error
@@ -17,23 +17,24 @@ import socket
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from . import env, torch_ops
-from .errors import FusedArError, InputError, UnsupportedShapeError
+from .. import env
+from ..errors import FusedArError, InputError, UnsupportedShapeError
 from .graphs import GraphBuffers, LocalHub
 from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
-from .kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
+from ..jit.kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
-from .launch import arch_of, function, preload, spec_for
-from .plans import (CallPlan, allreduce_key, allreduce_pointers_ok, fp8_pointers_ok, is_capturing, nbytes, plain_eps,
+from ..device.launch import arch_of, function, preload, spec_for
+from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, fp8_pointers_ok, is_capturing, nbytes, plain_eps,
                     plain_offset, quant_key, raw_stream, rmsnorm_key, rmsnorm_pointers_ok)
+from . import registry
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
-from .ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
+from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
 from .report import pending_exception, read_error_word
-from .runtime import current_runtime
-from .spec import DEFAULT_PACK, DType, KernelSpec, Quant, native_fp8
+from ..backends import current_runtime
+from ..jit.spec import DEFAULT_PACK, DType, KernelSpec, Quant, native_fp8
 from .thresholds import SizeRule, Thresholds
 from .thresholds import load as load_thresholds
-from .validate import (QuantCall, RmsnormCall, check_devices, check_outputs, check_quant, check_quant_outputs,
+from ..device.validate import (QuantCall, RmsnormCall, check_devices, check_outputs, check_quant, check_quant_outputs,
                        check_rmsnorm_inputs, check_rows, check_scale_value, cross_gpu_limit, device_index, require_gpu)
 
 _ids = itertools.count(1)
@@ -53,7 +54,7 @@ class Communicator:
     torch.device or "cuda:N"; default: the current one).
     max_bytes: the largest input per call, in bytes per rank, that takes the IPC kernels.
 
-    The IPC kernels serve one node with working peer access (probed for real once, fused_ar.probe); a
+    The IPC kernels serve one node with working peer access (probed for real once, fused_ar.comm.probe); a
     group they cannot serve is served by the fallback for every call, with one log line saying why.
     """
 
@@ -87,8 +88,8 @@ class Communicator:
             raise InputError(f"max_bytes={max_bytes!r} must be a positive int")
         self.rank, self.world_size, self.device = rank, world, device
         self.max_bytes = max_bytes
-        self.handle = next(_ids)  # names this communicator in torch.ops.fused_ar calls (fused_ar.torch_ops)
-        torch_ops.register(self)
+        self.handle = next(_ids)  # names this communicator in torch.ops.fused_ar calls (fused_ar.comm.registry)
+        registry.register(self)
         self._runtime = current_runtime()
         self._mem: Optional[RankMemory] = None
         self._view: Optional[PeerView] = None
@@ -215,7 +216,7 @@ class Communicator:
             return
         self.closed = True
         self._error_word = None  # the host memory behind it is freed below
-        torch_ops.unregister(self)
+        registry.unregister(self)
         if self._graphs is not None:
             self._graphs.close()
         if self._view is not None:
@@ -501,7 +502,7 @@ class Communicator:
     # -- the fallback -------------------------------------------------------------------------------------
     def size_rule(self, dtype: Any, hidden: int) -> SizeRule:
         """The measured thresholds `auto` follows for allreduce_rmsnorm of this dtype and hidden size
-        (rank 0's thresholds file, fused_ar.thresholds), or an empty rule: the built-in table serves.
+        (rank 0's thresholds file, fused_ar.comm.thresholds), or an empty rule: the built-in table serves.
         Looked up once per shape: every call asks."""
         rule = self._size_rules.get((dtype, hidden))
         if rule is None:

@@ -20,7 +20,7 @@ _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 
 def kernels_src_dir() -> Path:
     """Installed wheels carry the sources as fused_ar/kernels_src; a source tree keeps them beside the package."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the fused_ar package
     for candidate in (here / "kernels_src", here.parent / "kernels_src"):
         if (candidate / "fa_platform.h").is_file():
             return candidate

@@ -12,9 +12,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .kernels import MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
+from ..jit.kernels import MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
 from .report import REPORT_BYTES
-from .runtime import Runtime
+from ..jit.runtime import Runtime
 
 _PAGE = 4096
 # Peer tables sit TABLE_STRIDE bytes apart; GRAPH_TABLES of them serve graph-captured calls (one per

@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, Sequence
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
-from . import env, trust
-from ._version import __version__
-from .compiler import CompiledKernel, Compiler, compiler_for
-from .errors import CacheTrustError
+from .. import env
+from . import trust
+from .._version import __version__
+from .compiler import CompiledKernel, Compiler
+from ..errors import CacheTrustError
 from .locks import LockDir
 from .render import Source, render
 from .spec import KernelSpec
@@ -43,7 +44,7 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY_FILE = re.compile(r"([0-9a-f]{64})\.(bin|json)")
 _TEMP_FILE = re.compile(r"\.([0-9a-f]{64})\.(bin|json)\.[0-9a-f]+\.tmp")
-# What else the library keeps in a cache directory (fused_ar.probe, fused_ar.thresholds), and the manifest
+# What else the library keeps in a cache directory (fused_ar.comm.probe, fused_ar.comm.thresholds), and the manifest
 # of a read-only layer (`warm --into`).
 STATE_DIRS = ("probes", "thresholds")
 LAYER_MANIFEST = "layer.json"
@@ -381,8 +382,9 @@ class KernelCache:
             saved = self.write(key, kernel, source.spec)
             return Lookup(kernel, key, "built", time.perf_counter() - start, saved)
 
-    def get(self, spec: KernelSpec, compiler: Optional[Compiler] = None) -> Lookup:
-        return self.compile_cached(render(spec), compiler or compiler_for(spec.arch), spec.arch)
+    def get(self, spec: KernelSpec, compiler: Compiler) -> Lookup:
+        """`spec`'s kernel, built by `compiler` (the backend's, fused_ar.backends.compiler_for) on a miss."""
+        return self.compile_cached(render(spec), compiler, spec.arch)
 
     # -- maintenance (cache info | clear | verify) ----------------------------------------------------
     def entries(self) -> Iterator[Entry]:
@@ -465,7 +467,8 @@ def why_layer_misses(manifest: Optional[dict], arch: str, identity: str) -> str:
     return "the layer lacks these kernels"
 
 
-def coverage(cache: KernelCache, specs: Sequence[KernelSpec]) -> list[tuple[KernelSpec, str]]:
+def coverage(cache: KernelCache, specs: Sequence[KernelSpec],
+             compiler_for: Callable[[str], Compiler]) -> list[tuple[KernelSpec, str]]:
     """Where each spec's kernel would come from now ("cache", a layer's path, or "" for a build)."""
     found = []
     for spec in specs:
@@ -478,7 +481,7 @@ def coverage(cache: KernelCache, specs: Sequence[KernelSpec]) -> list[tuple[Kern
 @contextmanager
 def state_dir(name: str, create: bool = False) -> Iterator[tuple[int, Path]]:
     """(descriptor, path) of the trusted subdirectory `name` of the cache directory, where the library keeps
-    state files (fused_ar.probe's verdicts, fused_ar.thresholds). Raises FileNotFoundError when it does not
+    state files (fused_ar.comm.probe's verdicts, fused_ar.comm.thresholds). Raises FileNotFoundError when it does not
     exist (or the cache lives in memory only), CacheTrustError when it must not be used."""
     if name not in STATE_DIRS:
         raise ValueError(f"unknown state directory {name!r}")

@@ -1,0 +1,2 @@
+"""NVIDIA: NVRTC through cuda-bindings (compiler) and the CUDA driver (runtime). Reached only through
+fused_ar.backends."""

@@ -1,0 +1,58 @@
+"""The small store of remembered verdicts: a probe's (ok, detail) kept under the cache directory.
+
+Shared by the peer-access probe (fused_ar.comm.probe) and hiprtc's arch check (fused_ar.backends.amd):
+one JSON file per kind and key in the `probes` state directory, written and read under the trust rules,
+one prober at a time behind a file lock. It knows nothing of what is probed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Optional
+
+from .. import env
+from ..errors import CacheTrustError
+from . import trust
+from .cache import state_dir
+from .locks import default_lock_dir
+
+VERDICT_MAX_BYTES = 4096
+
+
+def _verdict(raw: Optional[bytes]) -> Optional[tuple[bool, str]]:
+    """(ok, detail) from a stored verdict, or None when there is none or it is malformed."""
+    if raw is None:
+        return None
+    try:
+        verdict = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool) or not isinstance(verdict.get("detail"), str):
+        return None
+    return verdict["ok"], verdict["detail"]
+
+
+def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None,
+               kind: str = "peer_access") -> tuple[bool, str]:
+    """The verdict of the `kind` probe stored for `key` under the cache directory, else probe() stored
+    there; one process probes at a time (the others wait on the lock, then read). A missing, malformed or
+    untrusted file is probed again; an unwritable cache only means probing again next time."""
+    name = f"{kind}-{key}.json"
+    with default_lock_dir().held(f"probe-{key}", f"probing ({kind})"):
+        try:
+            with state_dir("probes") as (fd, where):
+                found = _verdict(trust.read_at(fd, name, VERDICT_MAX_BYTES, where / name))
+        except FileNotFoundError:
+            found = None
+        except CacheTrustError as exc:
+            trust.warn_once(env.cache_dir(), f"{exc}; probing again")
+            found = None
+        if found is not None:
+            return found[0], f"{found[1]} (probed earlier, {where / name})"
+        ok, detail = probe()
+        try:
+            with state_dir("probes", create=True) as (fd, _):
+                trust.write_at(fd, name, json.dumps({"ok": ok, "detail": detail, **(extra or {})}).encode())
+        except OSError:  # CacheTrustError included: the verdict is simply not remembered
+            pass
+        return ok, detail
