@@ -45,7 +45,17 @@ _LAZY = {
 # Names whose first use also defines torch.ops.fused_ar.* (a communicator is what those ops call).
 _WITH_TORCH_OPS = frozenset({"Communicator"})
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", "vllm_fusion_pass", *_LAZY]
+
+
+def vllm_fusion_pass(graph: Any) -> None:
+    """vLLM's `post_grad_custom_post_pass` by name, without the platform plug-in:
+    `--compilation-config '{"inductor_passes": {"post_grad_custom_post_pass": "fused_ar.vllm_fusion_pass"}}'`.
+    Rewrites all-reduce -> RMSNorm (-> static FP8) chains of a post-grad graph into fused_ar's op (vLLM looks
+    the name up in this module's namespace, so it is defined here; the work is imported on first call)."""
+    from .integrations.vllm_fusion import rewrite
+
+    rewrite(graph)
 
 
 def __getattr__(name: str) -> Any:

@@ -117,6 +117,11 @@ PEER_PROBE: EnvVar[bool] = EnvVar(
     "Probe IPC peer access for real (a child process, once per node and boot, remembered in the cache "
     "directory) before a Communicator uses it; 0 trusts the driver.",
 )
+ENGINE_PLUGIN: EnvVar[bool] = EnvVar(
+    "FUSED_AR_ENGINE_PLUGIN", _bool01, False, "0",
+    "1 lets the installed vLLM and SGLang plug-ins replace the engine's custom all-reduce and its fused "
+    "all-reduce + RMSNorm with fused_ar's; 0 leaves the engine untouched.",
+)
 XDG_CACHE_HOME: EnvVar[Path] = EnvVar(
     "XDG_CACHE_HOME", _path, None, "unset", "Standard base of per-user caches; used when FUSED_AR_CACHE_DIR is unset.",
 )
@@ -125,7 +130,8 @@ XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
 )
 
 VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, CACHE_PATH, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
-                                 FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, XDG_CACHE_HOME, XDG_RUNTIME_DIR)
+                                 FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, ENGINE_PLUGIN, XDG_CACHE_HOME,
+                                 XDG_RUNTIME_DIR)
 
 
 # os.environ.get decodes and re-encodes on every call (about 1 us); a per-call key reads the bytes behind it.

@@ -24,6 +24,9 @@ def _gpu_available() -> bool:
 def pytest_addoption(parser):
     parser.addoption("--require-hiprtc", action="store_true",
                      help="fail (not skip) the real-hiprtc tests where hiprtc cannot be loaded (the CI command)")
+    parser.addoption("--require-engines", action="store_true",
+                     help="fail (not skip) the engine plug-in tests where scripts/engines.sh did not unpack vLLM and "
+                          "SGLang (they still skip when the package registry could not be reached)")
 
 
 def pytest_collection_modifyitems(config, items):

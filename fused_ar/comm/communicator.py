@@ -53,13 +53,17 @@ class Communicator:
     (NCCL on CUDA, RCCL on ROCm; default: `group`). device: this rank's GPU as torch takes it (an int,
     torch.device or "cuda:N"; default: the current one).
     max_bytes: the largest input per call, in bytes per rank, that takes the IPC kernels.
+    fallback: False for a communicator that never hands a call to the collective (an engine adapter, which
+    declines instead): what the kernels cannot serve raises UnsupportedShapeError or InputError.
+    register_graph_inputs: False copies x into the staging buffer inside captured graphs too, instead of
+    registering x's own address with the peers (memory that cannot be exported, as a cuMem graph pool's).
 
     The IPC kernels serve one node with working peer access (probed for real once, fused_ar.comm.probe); a
     group they cannot serve is served by the fallback for every call, with one log line saying why.
     """
 
     def __init__(self, group: Any = None, device: Any = None, max_bytes: int = DEFAULT_MAX_BYTES, *,
-                 device_group: Any = None) -> None:
+                 device_group: Any = None, fallback: bool = True, register_graph_inputs: bool = True) -> None:
         import torch.distributed as dist
 
         require_gpu("fused_ar.Communicator")
@@ -67,7 +71,8 @@ class Communicator:
         group = group if group is not None else dist.group.WORLD
         self._init_fields(dist.get_rank(group), dist.get_world_size(group), device, max_bytes)
         self._group = group
-        self._device_group = device_group if device_group is not None else group
+        self._device_group = (device_group if device_group is not None else group) if fallback else None
+        self._register_graph_inputs = bool(register_graph_inputs)
         try:
             everyone = self._gather_info(group)
             hosts = [info["host"] for info in everyone]
@@ -84,7 +89,7 @@ class Communicator:
 
     # -- construction steps ---------------------------------------------------------------------------
     def _init_fields(self, rank: int, world: int, device: int, max_bytes: int) -> None:
-        if not isinstance(max_bytes, int) or max_bytes <= 0:
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0:
             raise InputError(f"max_bytes={max_bytes!r} must be a positive int")
         self.rank, self.world_size, self.device = rank, world, device
         self.max_bytes = max_bytes
@@ -106,6 +111,7 @@ class Communicator:
         self._grid_caps: dict[KernelSpec, int] = {}
         self._plans: dict[tuple, CallPlan] = {}
         self._error_word: Optional[ctypes.c_uint32] = None  # this rank's report, read on every call
+        self._register_graph_inputs = True
         self._timeout_s = env.TIMEOUT_S.get()
         self._timeout_ns = int(self._timeout_s * 1e9)
         self.closed = False
@@ -301,7 +307,7 @@ class Communicator:
         with x copied into the staging buffer (also while capturing where peers cannot map x, or `stage`: x
         is not contiguous rows, or this call writes its output over it)."""
         if is_capturing():
-            table = None if stage else self._graphs.record(x.data_ptr())
+            table = None if stage or not self._register_graph_inputs else self._graphs.record(x.data_ptr())
             if table is not None:
                 return table
         elif self._graphs.pending:
@@ -517,13 +523,16 @@ class Communicator:
                                   can_fall_back=self._device_group is not None)
         if chosen is not Path.FALLBACK:
             return chosen
-        if self._device_group is None:  # a local group: nothing to fall back on
+        if self._device_group is None:  # a local group, or fallback=False: nothing to fall back on
             if unsupported is not None:
                 raise UnsupportedShapeError(unsupported)
             if nbytes > self.max_bytes:
                 raise InputError(f"x has {nbytes} bytes ({tuple(x.shape)} {x.dtype}), over this communicator's "
                                  f"max_bytes={self.max_bytes}; create it with a larger max_bytes")
-            raise InputError(f"path={path!r}: a local group has no device group to fall back on")
+            if self._fallback_reason is not None:
+                raise UnsupportedShapeError(f"the IPC kernels cannot serve this group: {self._fallback_reason}")
+            raise InputError(f"path={path!r}: this communicator has no device group to fall back on (a local "
+                             f"group, or fallback=False)")
         self._fallback_log.note(why)
         return chosen
 

@@ -1,14 +1,14 @@
-"""The open communicators of this process, by integer handle and by group name.
+"""The open communicators of this process, by integer handle, and engine adapters by group name.
 
-torch ops cannot take Python objects, so an op names its communicator: by the integer `handle` fused_ar
-gives each (fused_ar.torch_ops), or by a name stable across processes, such as an engine's group name
-(fused_ar.integrations: engines reuse compiled graphs between workers). Communicators enter when built
-and leave when closed; the lookups raise InputError naming what was asked for. Imports nothing above it.
+torch ops cannot take Python objects, so an op names what serves it: fused_ar's own ops by the integer
+`handle` each Communicator gets (fused_ar.torch_ops); ops placed into an engine's compiled graph by a name
+stable across processes, the engine's group name (fused_ar.integrations: engines reuse compiled graphs
+between workers). Entries come when built and go when closed. Imports nothing above it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import InputError
 
@@ -16,17 +16,12 @@ _by_handle: dict[int, Any] = {}
 _by_name: dict[str, Any] = {}
 
 
-def register(comm: Any, name: str = "") -> None:
-    """Makes `comm` findable by its handle and, when given, by `name` (a later one of that name replaces it)."""
+def register(comm: Any) -> None:
     _by_handle[comm.handle] = comm
-    if name:
-        _by_name[name] = comm
 
 
 def unregister(comm: Any) -> None:
     _by_handle.pop(comm.handle, None)
-    for name in [n for n, c in _by_name.items() if c is comm]:
-        del _by_name[name]
 
 
 def lookup(handle: int) -> Any:
@@ -37,9 +32,16 @@ def lookup(handle: int) -> Any:
     return comm
 
 
-def lookup_name(name: str) -> Any:
-    comm = _by_name.get(name)
-    if comm is None:
-        known = ", ".join(sorted(_by_name)) or "none"
-        raise InputError(f"group {name!r}: no open fused_ar Communicator serves it in this process (open: {known})")
-    return comm
+def register_name(name: str, adapter: Any) -> None:
+    """Makes `adapter` findable by `name` (a later one of that name replaces it)."""
+    _by_name[name] = adapter
+
+
+def unregister_name(adapter: Any) -> None:
+    for name in [n for n, a in _by_name.items() if a is adapter]:
+        del _by_name[name]
+
+
+def find_name(name: str) -> Optional[Any]:
+    """What serves the group `name` in this process, or None (the engine's own path then serves it)."""
+    return _by_name.get(name)

@@ -1,6 +1,7 @@
 """The package's layout is its pipeline: every import (module-level and inside functions, read with `ast`)
 points down the flow top level -> comm -> device -> backends -> jit, none forms a circle, and only the
-chooser (fused_ar.backends) names a vendor folder. Also checks that each module says what it owns."""
+chooser (fused_ar.backends) names a vendor folder. The top level is the public API, torch ops, CLI, demo,
+bench and the engine integrations (adapters over the public API). Each module says what it owns."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fused_ar"
 # Imported by every stage; they import nothing of the package but each other.
 FOUNDATION = {"fused_ar._version", "fused_ar.errors", "fused_ar.env"}
 # The stages, lowest first: a module may import its own stage, the foundation and the stages below.
-STAGES = ("jit", "backends", "device", "comm", "integrations")
+STAGES = ("jit", "backends", "device", "comm")
 VENDORS = ("fused_ar.backends.nvidia", "fused_ar.backends.amd")
 CHOOSER = "fused_ar.backends"
 
