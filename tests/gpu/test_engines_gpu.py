@@ -19,7 +19,7 @@ from tests.reference import allreduce_reference, assert_rmsnorm_matches
 pytestmark = pytest.mark.gpu
 
 MAX = 1 << 20
-SHAPES = [(1, 4096), (3, 2880), (16, 8192), (64, 4096)]
+SHAPES = [(1, 4096), (3, 2880), (16, 8192), (48, 4096)]  # all under MAX in fp32 too
 
 
 def _adapter(engine, group, invariant=False, register=True):
@@ -41,7 +41,7 @@ def _eager(ca, comm, rank, world):
         for m, n in SHAPES:
             xs, residual, weight = make_inputs(world, m, n, dtype, seed=m * 13 + n)
             x = xs[rank]
-            assert ca.should_custom_ar(x)
+            assert ca.should_custom_ar(x), (dtype, m, n)
             got = ca.custom_all_reduce(x)
             assert torch.equal(got, comm.allreduce(x)) and torch.equal(got, allreduce_reference(xs))
             fused = ca.fused_allreduce_rmsnorm(x, residual, weight, 1e-6)
