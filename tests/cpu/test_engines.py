@@ -443,3 +443,10 @@ def test_the_fused_gate_declines_rows_the_kernels_cannot_take(cls):
     assert ca._rows_per_call(torch.empty(16, 64, dtype=torch.bfloat16)) == 16
     assert _gated(cls, max_size=4096, any_size=True)._rows_per_call(torch.empty(64, 64, dtype=torch.bfloat16)) == 32
     assert ca.fused_allreduce_rmsnorm_fp8(torch.empty(64, 64, dtype=torch.bfloat16), None, None, 1e-6) is None
+
+
+def test_readme_names_the_pinned_versions():
+    """The versions live in fused_ar/integrations/__init__.py; README says the same."""
+    readme = (REPO / "README.md").read_text()
+    assert f"Tested with vLLM {ENGINE_VERSIONS['vllm']}" in readme
+    assert f"Tested with SGLang {ENGINE_VERSIONS['sglang']}" in readme
