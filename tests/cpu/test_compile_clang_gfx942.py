@@ -1,14 +1,12 @@
-"""The AMD path without ROCm: every kernel's HIP source compiles with clang-19 for gfx942, and its optimized
-IR lowers for gfx950 through the LLVM in the triton wheel; both pass fused_ar.backends.amd.isa's rules (DPP wave sum,
-system-scope flags, 16-byte accesses, no ds_bpermute, no scratch).
-
-What the gfx950 check does not prove: the IR comes from a gfx942 frontend (macros such as __gfx942__, not
-__gfx950__; the kernels hold no arch-specific branch today), it is upstream LLVM rather than ROCm's fork in
-hiprtc, and nothing runs."""
+"""The AMD path without ROCm: every kernel's HIP source compiles with a plain clang-19 for gfx942 and passes
+fused_ar.backends.amd.isa's rules (DPP wave sum, system-scope flags, 16-byte accesses, no ds_bpermute, no
+scratch, occupancy). The real compilers (hiprtc of ROCm 5.2 and 6.4, for gfx90a, gfx942 and gfx950) are
+tests/cpu/test_hiprtc.py; this one checks the portable source against upstream LLVM, which those forks
+track, and the rules themselves."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import re
 
 import pytest
 
@@ -33,19 +31,6 @@ def test_gfx942_code_object(clang, spec):
     assert amd_isa.check(amd_isa.disassemble(kernel.code, "gfx942"), spec, "gfx942") is None
 
 
-def test_gfx950_lowering_is_really_gfx950(clang):
-    spec = SPECS[len(SPECS) // 2]
-    asm = amd_isa.lower_ir(clang.emit_llvm(render(spec), "gfx942"), "gfx950")
-    assert 'amdgcn_target "amdgcn-amd-amdhsa-unknown-gfx950"' in asm and "gfx942" not in asm
-
-
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kernel_name)
-def test_gfx950_code(clang, spec):
-    ours = replace(spec, arch="gfx950")  # rendered for gfx950 (its FP8 format is converted in hardware there)
-    asm = amd_isa.lower_ir(clang.emit_llvm(render(ours), "gfx942"), "gfx950")
-    assert amd_isa.check(asm, ours, "gfx950") is None
-
-
 def test_the_rules_catch_what_they_must(clang):
     """The checker is not vacuous: code without the flags' cache control or with scratch fails it."""
     spec = next(s for s in SPECS if s.ngpus == 2 and "rmsnorm" in s.op.value)
@@ -55,6 +40,11 @@ def test_the_rules_catch_what_they_must(clang):
     assert amd_isa.problems(text.replace(".private_segment_fixed_size: 0", ".private_segment_fixed_size: 16"),
                             spec, "gfx942")
     assert amd_isa.problems(text, spec, "gfx90a"), "gfx942's sc0 sc1 forms are not gfx90a's"
+    norm = next(s for s in SPECS if s.op.value == "add_rmsnorm" and s.block == 256 and not s.short_rows)
+    text = amd_isa.disassemble(clang.compile(render(norm), "gfx942").code, "gfx942")
+    assert not amd_isa.problems(text, norm, "gfx942")
+    assert amd_isa.problems(re.sub(r"\.vgpr_count:\s*\d+", ".vgpr_count: 256", text), norm, "gfx942"), \
+        "256 VGPRs hold 2 waves a SIMD: 2 blocks of 256 a CU, below the 3 add_rmsnorm asks for"
     fnuz = next(s for s in SPECS if s.quant.value == "token" and s.fp8.value == "e4m3fnuz")
     text = amd_isa.disassemble(clang.compile(render(fnuz), "gfx942").code, "gfx942")
     assert "v_cvt_pk_fp8_f32" in text and not amd_isa.problems(text, fnuz, "gfx942")

@@ -141,25 +141,48 @@ def _other_uid_python() -> list[str]:
     return ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", system]
 
 
+def _readable_install(base: Path) -> tuple[Path, Path]:
+    """fused_ar and what its compile path imports (cuda-bindings, cuda-pathfinder, filelock, tqdm, the NVRTC
+    libraries), copied where another uid can read them: the clone and its venv may lie under a private (0700)
+    directory, as a clone under /root does. Returns (the site directory, the NVRTC library directory)."""
+    import filelock
+    import nvidia
+    import tqdm
+    import cuda
+
+    site = base / "site"
+    site.mkdir(mode=0o755)
+    shutil.copytree(REPO / "fused_ar", site / "fused_ar", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "kernels_src", site / "kernels_src")
+    for package in (cuda, filelock, tqdm):
+        for root in package.__path__:
+            shutil.copytree(root, site / Path(root).name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    nvrtc = next(p for p in (Path(d) / "cu13" / "lib" for d in nvidia.__path__) if p.is_dir())
+    shutil.copytree(nvrtc, site / "nvidia-lib")
+    for path in [site, *site.rglob("*")]:
+        path.chmod(path.stat().st_mode | (0o755 if path.is_dir() else 0o644))
+    return site, site / "nvidia-lib"
+
+
 def test_the_readme_container_steps_another_uid_compiles_nothing():
     """README's container example on a CPU machine: root warms a layer into a shared directory; another uid,
     with an empty home, reads every kernel from it up to the first load and writes nothing of its own."""
     python = _other_uid_python()
-    import nvidia
-
-    nvrtc_lib = next(p for p in (Path(d) / "cu13" / "lib" for d in nvidia.__path__) if p.is_dir())
     base = Path(tempfile.mkdtemp(prefix="fused_ar-layer-test-"))
     try:
         base.chmod(0o755)
+        site, nvrtc_lib = _readable_install(base)
         layer, home = base / "opt-cache", base / "home"
         home.mkdir()
         os.chown(home, OTHER_UID, OTHER_UID)
-        built = _cli("warm", "--arch", "sm_90", "--ngpus", "1,2", "--dtype", "bf16", "--into", str(layer),
-                     FUSED_AR_CACHE_DIR=str(base / "root-cache"))
+        env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "LD_LIBRARY_PATH": str(nvrtc_lib)}
+        # root builds the image's layer with the image's own install (the compiler's files are in the key)
+        built = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in env.items()), f"FUSED_AR_CACHE_DIR={base}/root-cache",
+                                python[-1], "-m", "fused_ar", "warm", "--arch", "sm_90", "--ngpus", "1,2", "--dtype",
+                                "bf16", "--into", str(layer)], capture_output=True, text=True, cwd=base, timeout=600)
         assert built.returncode == 0, built.stdout + built.stderr
-        site = [p for p in sys.path if p.endswith("site-packages")][0]
-        env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}{os.pathsep}{site}",
-               "LD_LIBRARY_PATH": str(nvrtc_lib), "FUSED_AR_CACHE_PATH": str(layer)}
+        env["FUSED_AR_CACHE_PATH"] = str(layer)
         code = ("import fused_ar.jit.cache as c, fused_ar.jit.kernels as k, fused_ar.jit.spec as s\n"
                 "from fused_ar.backends import compiler_for\n"
                 "cache = c.default_cache()\n"

@@ -2,8 +2,7 @@
 
 `clang -x hip --offload-arch=gfx942 -nogpulib -nogpuinc --offload-device-only` needs no ROCm, so a
 machine without an AMD GPU proves the HIP source compiles; fused_ar.backends.amd.isa inspects the code (DPP, system
-scope, scratch). `emit_llvm` gives the optimized IR that fused_ar.backends.amd.isa lowers for gfx950, which clang-19 does
-not know. Its code objects are real; the cache keys them by this compiler's identity.
+scope, scratch, occupancy). Its code objects are real; the cache keys them by this compiler's identity.
 """
 
 from __future__ import annotations
@@ -63,8 +62,3 @@ class ClangHipCompiler(Compiler):
         options = self.options(arch)
         code, log = self._run(source, options + ("-c",), ".hsaco")
         return CompiledKernel(code, {source.name: source.name}, log, self.identity(), options, arch)
-
-    def emit_llvm(self, source: Source, arch: str) -> str:
-        """The optimized LLVM IR of `source` for `arch` (what the backend would lower)."""
-        options = self.options(arch) + ("-emit-llvm", "-S")
-        return self._run(source, options, ".ll")[0].decode()

@@ -1,9 +1,10 @@
-"""What AMD machine code of our kernels must show, checked the same way whoever compiled it: clang-19
-(gfx942), the real hiprtc (gfx90a) or LLVM's gfx950 backend from the triton wheel (gfx950).
+"""What AMD machine code of our kernels must show, checked the same way whoever compiled it: a real hiprtc
+(ROCm 5.2: gfx90a; ROCm 6.4: gfx90a, gfx942, gfx950) or clang-19 (gfx942).
 
 Rules: the wave sum is the DPP tree (no ds_bpermute), cross-GPU flags carry system-scope cache control
 (write back L2 before a release store, invalidate after an acquire load), bounded waits read the 100 MHz
-clock, 16-byte global accesses, no scratch. It compiles nothing of its own except lowering LLVM IR.
+clock, 16-byte global accesses, no scratch, and registers that leave the CU the threads the launch assumes.
+It compiles nothing; disassembly is LLVM's (llvm-objdump-19, or a newer one for gfx950).
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import subprocess
 import tempfile
 from typing import Optional
 
-from ...jit.spec import KernelSpec, Quant, fp8_in_hardware
+from ...jit.kernels import add_rmsnorm_min_blocks
+from ...jit.spec import KernelSpec, Op, Quant, fp8_in_hardware
 
-OBJDUMP = "llvm-objdump-19"
-READELF = "llvm-readelf-19"
-OPT = "opt-19"
+OBJDUMP = "llvm-objdump-19"   # knows gfx90a and gfx942; gfx950 needs LLVM >= 20 (pass objdump=)
+READELF = "llvm-readelf-19"   # the metadata notes are target-independent
+WAVE_SIZE = 64
+SIMDS_PER_CU = 4
+VGPRS_PER_LANE = 512
+MAX_WAVES_PER_SIMD = 8
 
 # System-scope release / acquire as each generation's memory model lowers them (LLVM AMDGPUUsage,
 # "Memory Model GFX90A" and "GFX942"): gfx90a writes back L2 with buffer_wbl2 and invalidates with
@@ -29,6 +34,8 @@ _DPP_TREE = ("quad_perm:[1,0,3,2]", "quad_perm:[2,3,0,1]", "row_ror:4", "row_ror
 _SCRATCH = re.compile(r"(?:\.private_segment_fixed_size|\.amdhsa_private_segment_fixed_size|ScratchSize:)\s*:?\s*(\d+)")
 # VGPR spills go to scratch; SGPR spills go to VGPR lanes (v_writelane), no memory traffic.
 _VGPR_SPILLS = re.compile(r"\.vgpr_spill_count:\s*(\d+)")
+_VGPRS = re.compile(r"\.vgpr_count:\s*(\d+)")
+_AGPRS = re.compile(r"\.agpr_count:\s*(\d+)")
 
 
 def _tool(name: str) -> str:
@@ -38,32 +45,38 @@ def _tool(name: str) -> str:
     return path
 
 
-def disassemble(code: bytes, arch: str) -> str:
-    """llvm-objdump's disassembly and llvm-readelf's metadata notes of a code object, as one text."""
+def disassemble(code: bytes, arch: str, objdump: Optional[str] = None) -> str:
+    """llvm-objdump's disassembly and llvm-readelf's metadata notes of a code object, as one text. `objdump`:
+    the llvm-objdump to use (default llvm-objdump-19 on PATH; gfx950 needs LLVM >= 20)."""
     with tempfile.NamedTemporaryFile(suffix=".hsaco") as f:
         f.write(code)
         f.flush()
         target = arch.split(":")[0]
-        asm = subprocess.run([_tool(OBJDUMP), "-d", f"--mcpu={target}", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        asm = subprocess.run([objdump or _tool(OBJDUMP), "-d", f"--mcpu={target}", f.name], capture_output=True,
+                             text=True, check=True).stdout
         notes = subprocess.run([_tool(READELF), "--notes", f.name], capture_output=True, text=True, check=True).stdout
     return asm + "\n" + notes
 
 
-def lower_ir(llvm_ir: str, arch: str) -> str:
-    """Assembly (with its metadata) for `arch` from LLVM IR made for another gfx9 target, through the LLVM
-    that the triton wheel carries (it knows gfx950; clang-19 does not). The IR's own target-cpu and
-    target-features are replaced by `arch`'s. translate_to_asm runs codegen without the AMDGPU backend's
-    first IR pass, infer-address-spaces (flat accesses through kernel arguments become global ones), so
-    opt-19 runs it first, as clang and hiprtc do."""
-    from triton._C.libtriton import llvm  # the `gfx950` extra: pip install triton
+def occupancy(text: str) -> tuple[int, int]:
+    """(VGPRs a wave is allocated, waves a SIMD holds) from the metadata notes: gfx90a, gfx942 and gfx950 give
+    each SIMD lane 512 registers shared by the architectural VGPRs (in granules of 4) and the AGPRs, allocated
+    in granules of 8, at most 8 waves a SIMD (AMD CDNA ISA guides; LLVM AMDGPUUsage)."""
+    vgprs = [int(n) for n in _VGPRS.findall(text)]
+    agprs = [int(n) for n in _AGPRS.findall(text)] or [0]
+    if not vgprs:
+        return 0, 0
+    allocated = -(-(-(-max(vgprs) // 4) * 4 + max(agprs)) // 8) * 8
+    return allocated, min(MAX_WAVES_PER_SIMD, VGPRS_PER_LANE // max(allocated, 8))
 
-    llvm_ir = subprocess.run([_tool(OPT), "-mtriple=amdgcn-amd-amdhsa", "-passes=infer-address-spaces", "-S"],
-                             input=llvm_ir, capture_output=True, text=True, check=True).stdout
-    llvm.init_targets()
-    ir = re.sub(r'"target-cpu"="gfx[0-9a-f]+"', f'"target-cpu"="{arch}"', llvm_ir)
-    ir = re.sub(r' "target-features"="[^"]*"', "", ir)
-    return llvm.translate_to_asm(ir, "amdgcn-amd-amdhsa", arch, "", [], True, False, False)
+
+def resident_threads_asked(spec: KernelSpec) -> int:
+    """Threads of `spec` that one CU must hold at once: one block (the cross-GPU grids are sized at run time
+    to what is resident), and for add_rmsnorm the resident blocks its kernel asks NVIDIA's compiler for, so
+    both vendors keep the occupancy its block policy was measured at."""
+    if spec.op is Op.ADD_RMSNORM:
+        return max(1, add_rmsnorm_min_blocks(spec)) * spec.block
+    return spec.block
 
 
 def problems(text: str, spec: KernelSpec, arch: str) -> list[str]:
@@ -81,6 +94,14 @@ def problems(text: str, spec: KernelSpec, arch: str) -> list[str]:
         found.append("no 16-byte global load/store")
     if "ds_bpermute" in text:
         found.append("a lane exchange fell back to ds_bpermute")
+    allocated, waves = occupancy(text)
+    block_waves = -(-spec.block // WAVE_SIZE)  # a block's waves are spread over the CU's SIMDs
+    resident = waves * SIMDS_PER_CU // block_waves * spec.block
+    if allocated == 0:
+        found.append("no VGPR count found in the metadata")
+    elif resident < resident_threads_asked(spec):
+        found.append(f"{allocated} VGPRs leave {waves} waves a SIMD: {resident} resident threads a CU, below the "
+                     f"{resident_threads_asked(spec)} the launch assumes")
     if "rmsnorm" in spec.op.value:
         missing = [step for step in _DPP_TREE if step not in text]
         if missing or "v_readlane_b32" not in text:
