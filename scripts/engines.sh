@@ -30,7 +30,7 @@ EXTRAS=(
   safetensors==0.8.0 starlette==1.10.0 tokenizers==0.23.3 traitlets==5.16.1 transformers==5.19.0
   truststore==0.10.5 typing-inspection==0.4.5 urllib3==2.8.0 uvloop==0.23.0 xgrammar==0.2.8 yarl==1.25.1
 )
-# SGLang imports triton at the top of its package (the [gfx950] extra brings it into .venv already).
+# SGLang imports triton at the top of its package: brought here unless .venv has one.
 "$PY" -c 'import triton' 2>/dev/null || EXTRAS+=("triton>=3.9,<3.10")
 
 want="${ENGINES[*]} ${EXTRAS[*]}"

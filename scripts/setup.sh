@@ -6,7 +6,7 @@
 #    (hip-python opens those unversioned names, which only ROCm's -dev packages carry; on ROCm 5.x hiprtc
 #    lives inside libamdhip64); scripts/test.sh puts the directory on LD_LIBRARY_PATH;
 #  - a venv in .venv with torch 2.13.0 (the CPU build; a bare `torch` would pull a multi-GB CUDA build) and
-#    the package (editable) with its cuda, rocm, bench, test and gfx950 extras.
+#    the package (editable) with its cuda, rocm, bench and test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,6 +66,6 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__ != '2.13
 fi
 # strict: the package is found through a link tree, so a directory named fused_ar in the working directory
 # (the clone itself, seen from its parent) cannot shadow it as an empty namespace package
-say "pip install -e .[cuda,rocm,bench,test,gfx950] (editable_mode=strict)"
-.venv/bin/python -m pip install -q -e ".[cuda,rocm,bench,test,gfx950]" --config-settings editable_mode=strict
+say "pip install -e .[cuda,rocm,bench,test] (editable_mode=strict)"
+.venv/bin/python -m pip install -q -e ".[cuda,rocm,bench,test]" --config-settings editable_mode=strict
 say "done"

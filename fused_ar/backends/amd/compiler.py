@@ -68,6 +68,19 @@ def hiprtc_files() -> tuple[Optional[Path], Optional[Path]]:
     return provider, comgr
 
 
+def comgr_version(comgr: Optional[Path]) -> str:
+    """comgr's own version (`amd_comgr_get_version`: 2.4 in ROCm 5.2, 3.0 in ROCm 6.4), or "unknown"."""
+    if comgr is None:
+        return "unknown"
+    try:
+        get = ctypes.CDLL(str(comgr)).amd_comgr_get_version
+    except (OSError, AttributeError):
+        return "unknown"
+    major, minor = ctypes.c_size_t(), ctypes.c_size_t()
+    get(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
 class HiprtcCompiler(Compiler):
     platform = Platform.HIP
 
@@ -96,7 +109,8 @@ class HiprtcCompiler(Compiler):
         major, minor = checked(hiprtc.hiprtcVersion(), "hiprtcVersion")
         runtime = checked(hip.hipRuntimeGetVersion(), "hipRuntimeGetVersion")
         provider, comgr = hiprtc_files()
-        return f"hiprtc-{major}.{minor}-hip{runtime}@{file_identity(provider)}@comgr:{file_identity(comgr)}"
+        return (f"hiprtc-{major}.{minor}-hip{runtime}-comgr{comgr_version(comgr)}@{file_identity(provider)}"
+                f"@comgr:{file_identity(comgr)}")
 
     def identity(self) -> str:
         return self._identity
