@@ -14,12 +14,18 @@ import torch.nn.functional as F
 import fused_ar
 
 
+def _whole(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number >= 1")
+    return int(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--m", type=int, default=16, help="tokens (rows)")
-    p.add_argument("--n", type=int, default=8192, help="hidden size")
+    p.add_argument("--m", type=_whole, default=16, help="tokens (rows), >= 1")
+    p.add_argument("--n", type=_whole, default=8192, help="hidden size, >= 1")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    args = p.parse_args()
+    args = p.parse_args()  # checked before a GPU is looked for
     fused_ar.require_gpu("examples/add_rmsnorm_example.py")
     dtype = getattr(torch, args.dtype)
 

@@ -181,15 +181,33 @@ def run(comms: list[Communicator], tp: int, ms: list[int], hidden: int, ffn: int
         report(f"{mode}: {len(ms)} graphs (m={ms}) captured{how}, replayed 3 times with new inputs, checked")
 
 
+def _whole(low: int, multiple: int = 1):
+    """An argparse type: a whole number >= low, a multiple of `multiple`."""
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) < low or int(text) % multiple:
+            rule = f"a whole number >= {low}" + (f", a multiple of {multiple}" if multiple > 1 else "")
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {rule}")
+        return int(text)
+    return parse
+
+
+def _tp(text: str) -> int:
+    if text not in ("2", "4", "6", "8"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 2, 4, 6 or 8 (the group sizes fused_ar serves)")
+    return int(text)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tp", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
-    p.add_argument("--m", type=int, nargs="+", default=[1, 8, 64])
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--ffn", type=int, default=4096)
+    p.add_argument("--tp", type=_tp, default=os.environ.get("WORLD_SIZE", "2"), help="group size: 2, 4, 6 or 8")
+    p.add_argument("--m", type=_whole(1), nargs="+", default=[1, 8, 64], help="tokens per step")
+    p.add_argument("--hidden", type=_whole(8, 8), default=4096, help="hidden size (whole 16-byte bf16 packs)")
+    p.add_argument("--ffn", type=_whole(8, 8), default=4096, help="FFN size, split over the ranks")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--one-process", action="store_true", help="all ranks in this process on GPU 0")
-    a = p.parse_args(argv)
+    a = p.parse_args(argv)  # every argument is checked here, before a GPU is looked for
+    if a.ffn % a.tp:
+        p.error(f"argument --ffn: {a.ffn}: must split evenly over --tp {a.tp} ranks")
     fused_ar.require_gpu("examples/tp_decode.py")
     torch._dynamo.config.cache_size_limit = max(64, 8 * a.tp)  # one compiled variant per (rank, m)
     max_bytes = max(a.m) * a.hidden * 2

@@ -97,6 +97,14 @@ def _at_least_one(text: str) -> int:
     return int(text)
 
 
+def _jobs(text: str) -> int:
+    """Worker processes: 1 up to this machine's CPU count (more only queue behind each other)."""
+    most = os.cpu_count() or 1
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= most:
+        raise ValueError(f"must be a whole number from 1 to {most} (this machine's CPUs)")
+    return int(text)
+
+
 def _arch(text: str) -> str:
     platform_of_arch(text)
     return text
@@ -105,7 +113,7 @@ def _arch(text: str) -> str:
 def _list(parse: Callable[[str], Any]) -> Callable[[str], list]:
     """Comma-separated values, each through `parse`; at least one, no repeats."""
     def parse_all(text: str) -> list:
-        items = [part.strip(" ") for part in text.split(",")]  # spaces only: a newline is an error
+        items = text.split(",")  # taken as typed: 'sm_90 ' is not sm_90
         if not text.strip() or any(not item for item in items):
             raise ValueError("a comma-separated list with no empty item")
         values = []
@@ -259,9 +267,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
         print(f"warm --dry-run: {len(specs)} kernels for {','.join(archs) or 'no arch'} in {cache.root}")
         return 1 if refused else 0
 
-    state = cache.state()  # an untrusted directory stops here, with one line, before any worker starts
+    # before any worker starts: an untrusted directory raises here, one that cannot take entries ends here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # said below, in one line
+        state = cache.state()
     if state != "disk":
-        print(f"warm: {cache.root} is {_STATE_WORDS[state]}: what is compiled now cannot be saved", file=sys.stderr)
+        fail(f"{'into' if into else 'cache directory'} {str(cache.root)!r}: {cache.dir.condition()}; nothing is "
+             f"compiled (name a directory this user can write{'' if into else ' with ' + _CACHE_VAR})")
     jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(specs) or 1))
     counts = {"built": 0, "cached": 0, "failed": 0, "unsaved": 0}
     seen_errors: dict[str, str] = {}
@@ -305,8 +317,6 @@ def cmd_warm(args: argparse.Namespace) -> int:
     return 1 if counts["failed"] or counts["unsaved"] or refused else 0
 
 
-_STATE_WORDS = {"disk": "writable", "readonly": "read-only", "memory": "not usable (kept in memory only)",
-                "absent": "not created yet"}
 
 
 def _progress(total: int) -> Any:
@@ -322,15 +332,18 @@ def _progress(total: int) -> Any:
 
 # -- cache / info ---------------------------------------------------------------------------------------
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .jit.cache import default_cache
+    from .jit import trust
+    from .jit.cache import STATE_DIRS, default_cache
 
     if args.dir is not None:
         return _cache_layer(args)
     cache = default_cache()
-    state = cache.state(create=False)
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
-        return 0
+        removed, left = cache.clear()
+        for line in left:
+            print(f"cache clear: could not remove {line}", file=sys.stderr)
+        print(f"removed {removed} entries from {cache.root}" + (f"; {len(left)} could not be removed" if left else ""))
+        return 1 if left else 0
     if args.action == "verify":
         good, bad = cache.verify()
         for entry in bad:
@@ -339,8 +352,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 1 if bad else 0
     entries = [e for e in cache.entries() if e.meta is not None]
     size = sum(e.meta["size"] for e in entries)
-    print(f"cache directory: {cache.root} ({_STATE_WORDS[state]})")
-    print(f"lock directory:  {cache.lock_root}")
+    print(f"cache directory: {cache.root} ({cache.dir.condition()})")
+    for name in STATE_DIRS:
+        found = trust.condition(cache.root / name)
+        print(f"  {name + ':':14s} {'missing: made when first needed' if found == 'missing' else found}")
+    lock = trust.condition(cache.lock_root)
+    print(f"lock directory:  {cache.lock_root} ({'missing: made at the first build' if lock == 'missing' else lock})")
     print(f"entries:         {len(entries)} ({size / 1024:.0f} KiB of code objects)")
     by_arch: dict[str, int] = {}
     for e in entries:
@@ -378,11 +395,15 @@ def _layers_report() -> None:
     from .jit.kernels import warm_matrix
 
     cache = default_cache()
-    if not cache.layers:
+    if not cache.configured_layers:
         print("cache layers:    none (FUSED_AR_CACHE_PATH unset)")
         return
     gpu_arch = _default_arch()
-    for layer in list(cache.layers):
+    for layer in cache.configured_layers:
+        condition = layer.condition()
+        if not condition.startswith("ok"):
+            print(f"cache layer:     {layer.root} ({condition}; not used)")
+            continue
         manifest = read_manifest(layer.root)
         archs = [gpu_arch] if gpu_arch else sorted(manifest["compilers"]) if manifest else []
         print(f"cache layer:     {layer.root}" + (f" (fused_ar {manifest['version']})" if manifest else ""))
@@ -449,13 +470,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # Options of one benchmark only: given to another, they would be silently ignored.
-_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "profile": "host"}
+_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "profile": "host",
+               "paths": "allreduce_rmsnorm", "write_thresholds": "allreduce_rmsnorm", "one_process": "allreduce_rmsnorm"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     for option, what in _BENCH_ONLY.items():
         if getattr(args, option) and args.what != what:
             fail(f"--{option.replace('_', '-')} with bench {args.what}: only bench {what} takes it")
+    if args.write_thresholds and args.one_process:
+        fail("--write-thresholds with --one-process: thresholds come from one process per GPU; an emulation "
+             "on one GPU does not measure N GPUs")
     if args.what == "fp8":
         from .bench.fp8 import bench_fp8
 
@@ -519,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", type=dtypes, default=list(DType), help="comma-separated element types (default: all)")
     p.add_argument("--ngpus", type=_type("ngpus", _list(_one_of(SUPPORTED_NGPUS))), default=list(SUPPORTED_NGPUS),
                    help="comma-separated group sizes (1: the local add_rmsnorm)")
-    p.add_argument("-j", "--jobs", type=_type("jobs", _at_least_one), default=None,
+    p.add_argument("-j", "--jobs", type=_type("jobs", _jobs), default=None,
                    help="worker processes (default: all cores)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether each is cached")
     p.add_argument("--variants", action="store_true",
@@ -541,7 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a cache layer made by `warm --into` (info and verify only)")
     p.set_defaults(func=cmd_cache)
 
-    p = sub.add_parser("info", help="platform, devices, compilers, environment and cache", formatter_class=fmt)
+    p = sub.add_parser("info", help="platform, devices, compilers, environment and cache", formatter_class=fmt,
+                       description="Print this machine's torch build and GPUs, each compiler's identity (what the "
+                                   "cache keys on), every environment variable fused_ar reads and whether its value "
+                                   "is valid, and every directory fused_ar uses (cache, state, locks, layers) with "
+                                   "its state. Exit 1 when a variable is invalid.")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("probe", help="check IPC peer access among GPUs for real (once per boot; remembered)",
@@ -553,7 +582,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("demo", help="run the fused op on the GPUs here (one GPU: N ranks emulated), checked and timed",
-                       formatter_class=fmt)
+                       formatter_class=fmt,
+                       description="Run the fused all-reduce + residual add + RMSNorm over every group size and m "
+                                   "given, check each result against the torch reference and print a latency "
+                                   "table. With fewer GPUs than a group, its ranks run in one process on GPU 0.")
     p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8],
                    help="group sizes to emulate on one GPU")
     p.add_argument("--m", type=_type("m", _sizes), default=[1, 16, 128, 1024], help="rows (tokens)")
@@ -561,7 +593,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks on the GPU: the fused all-reduce suite, the local add_rmsnorm, "
-                                     "or the host cost of eager calls", formatter_class=fmt)
+                                     "or the host cost of eager calls", formatter_class=fmt,
+                       description="Time fused_ar against its baselines on the GPUs here, each result checked "
+                                   "first, by the field's method (CUDA-graph replays, minimum per rank, maximum "
+                                   "across ranks): the all-reduce suite (one process per GPU, or N ranks emulated "
+                                   "on one), the local add_rmsnorm, the host cost of eager calls, or FP8 output.")
     p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host", "fp8"],
                    default="allreduce_rmsnorm",
                    help="which suite (host: CPU us per eager call, at the first --m (default 8), --hidden "
@@ -589,9 +625,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_CACHE_VAR = "FUSED_AR_CACHE_DIR"
+
+
 def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                       line: Optional[str] = None) -> None:
-    print(f"fused_ar: warning: {message}", file=sys.stderr)
+    """fused_ar's own warnings in one labelled line; other libraries' as Python shows them, unlabelled."""
+    if str(Path(filename).resolve()).startswith(_PACKAGE_DIR) or str(message).startswith("fused_ar"):
+        print(f"fused_ar: warning: {str(message).removeprefix('fused_ar: ')}", file=sys.stderr)
+    else:
+        (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -45,10 +45,23 @@ def _bytes(raw: str) -> int:
 
 
 def _path(raw: str) -> Path:
+    """An absolute path (`~` expanded): a relative one would mean a different directory in every working
+    directory the process happens to run in."""
+    if "\x00" in raw:
+        raise ValueError("must be a path without NUL bytes")
     try:
-        return Path(raw).expanduser()
+        path = Path(raw).expanduser()
     except RuntimeError as exc:  # ~user for a user that does not exist, or no home directory
         raise ValueError(str(exc)) from None
+    if not path.is_absolute():
+        raise ValueError("must be an absolute path (or start with ~)")
+    return path
+
+
+def _xdg_path(raw: str) -> Optional[Path]:
+    """The XDG base directory rule: a relative path is invalid and ignored."""
+    path = Path(raw)
+    return path if path.is_absolute() else None
 
 
 @dataclass(frozen=True)
@@ -123,10 +136,10 @@ ENGINE_PLUGIN: EnvVar[bool] = EnvVar(
     "all-reduce + RMSNorm with fused_ar's; 0 leaves the engine untouched.",
 )
 XDG_CACHE_HOME: EnvVar[Path] = EnvVar(
-    "XDG_CACHE_HOME", _path, None, "unset", "Standard base of per-user caches; used when FUSED_AR_CACHE_DIR is unset.",
+    "XDG_CACHE_HOME", _xdg_path, None, "unset", "Standard base of per-user caches; used when FUSED_AR_CACHE_DIR is unset (a relative value is ignored, as the XDG spec says).",
 )
 XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
-    "XDG_RUNTIME_DIR", _path, None, "unset", "Standard per-user node-local runtime directory; hosts the lock directory.",
+    "XDG_RUNTIME_DIR", _xdg_path, None, "unset", "Standard per-user node-local runtime directory; hosts the lock directory (a relative value is ignored).",
 )
 
 VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, CACHE_PATH, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 from .. import env
 from ..jit import trust
-from ..errors import CacheTrustError, FusedArError
+from ..errors import FusedArError
 from ..jit.spec import DType, platform_of_arch
 
 FORMAT_VERSION = 1
@@ -101,21 +101,13 @@ def write(thresholds: Thresholds) -> Path:
 
 def load(arch: str, ngpus: int) -> Optional[Thresholds]:
     """The stored thresholds for (arch, ngpus), or None (no file, or one that cannot be trusted)."""
-    from ..jit.cache import state_dir
-
     name = file_name(arch, ngpus)
-    try:
-        with state_dir("thresholds") as (fd, where):
-            raw = trust.read_at(fd, name, MAX_FILE_BYTES, where / name)
-    except FileNotFoundError:
-        return None
-    except CacheTrustError as exc:
-        log.warning("fused_ar: %s; the built-in thresholds serve", exc)
-        return None
-    if raw is None:
+    where = env.cache_dir() / "thresholds"
+    stored = trust.json_in(where.parent, ("thresholds", name), MAX_FILE_BYTES)
+    if stored is None:
         return None
     try:
-        found = Thresholds.from_dict(json.loads(raw))
+        found = Thresholds.from_dict(stored)
         if (found.arch, found.ngpus) != (arch, int(ngpus)):
             raise ValueError(f"it describes {found.arch} with {found.ngpus} GPUs")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

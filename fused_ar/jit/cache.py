@@ -8,10 +8,12 @@ a malformed or foreign entry is a miss. It never launches anything and never dec
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -24,7 +26,7 @@ from .. import env
 from . import trust
 from .._version import __version__
 from .compiler import CompiledKernel, Compiler
-from ..errors import CacheTrustError
+from ..errors import CacheTrustError, ConfigError
 from .locks import LockDir
 from .render import Source, render
 from .spec import KernelSpec
@@ -41,6 +43,9 @@ _WRITE_ATTEMPTS = 3
 Status = Literal["built", "cached"]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
+# Write failures that concern the whole directory (every later write would fail too); others concern one
+# entry's place only.
+_DIRECTORY_WIDE = frozenset((errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO))
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY_FILE = re.compile(r"([0-9a-f]{64})\.(bin|json)")
 _TEMP_FILE = re.compile(r"\.([0-9a-f]{64})\.(bin|json)\.[0-9a-f]+\.tmp")
@@ -76,10 +81,9 @@ _SIDECAR_FIELDS: dict[str, Any] = {"key": str, "schema": int, "version": str, "s
 
 def parse_sidecar(raw: bytes, key: str, code: Optional[bytes], spec: Optional[KernelSpec] = None) -> tuple[Optional[dict], str]:
     """(sidecar, "") when `raw` is a well-formed sidecar of `key` (for `spec`, matching `code`), else (None, why)."""
-    try:
-        meta = json.loads(raw)
-    except ValueError as exc:
-        return None, f"its sidecar is not JSON ({exc})"
+    meta, why = trust.parse_json(raw)
+    if why:
+        return None, f"its sidecar: {why}"
     if not isinstance(meta, dict):
         return None, f"its sidecar is a JSON {type(meta).__name__}, not an object"
     for name, kind in _SIDECAR_FIELDS.items():
@@ -172,7 +176,7 @@ class CacheDir:
         create = create and self.writable
         try:
             if create:
-                self.root.parent.mkdir(parents=True, exist_ok=True)
+                trust.make_parents(self.root.parent, self.dir_mode)
             with trust.opened_dir(self.root, create=create, mode=self.dir_mode, owners=self.owners) as fd:
                 foreign = _foreign(trust.names_in(fd))
         except CacheTrustError:
@@ -194,6 +198,34 @@ class CacheDir:
             self._fallback("readonly", "permission denied")
         return self._state
 
+    def condition(self) -> str:
+        """This directory's state in words, for `info` and `cache info`, creating nothing: ok (writable or
+        read-only), missing (made on first build, or why it cannot be), untrusted or unusable (and why)."""
+        try:
+            check_root(self.root)
+            with trust.opened_dir(self.root, owners=self.owners) as fd:
+                foreign = _foreign(trust.names_in(fd))
+        except CacheTrustError as exc:
+            return f"untrusted: {exc}"
+        except FileNotFoundError:
+            if not self.writable:
+                return "missing"
+            ancestor = self.root.parent
+            while not os.path.lexists(ancestor):
+                ancestor = ancestor.parent
+            try:  # what mkdir would say (access() says yes to root everywhere, /proc included)
+                os.rmdir(tempfile.mkdtemp(prefix=".fused_ar-probe-", dir=ancestor))
+            except OSError as exc:
+                return f"missing, and it cannot be made: {ancestor} takes no new directory ({exc.strerror or exc})"
+            return "missing: made at the first build"
+        except OSError as exc:
+            return f"unusable: {trust.open_error(exc)}"
+        if foreign:
+            return f"untrusted: it holds files that are not fused_ar's ({', '.join(repr(n) for n in foreign[:3])})"
+        if not self.writable:
+            return "ok (read-only layer)"
+        return "ok, writable" if os.access(self.root, os.W_OK) else "ok, but not writable: new kernels are not saved"
+
     def paths(self, key: str) -> tuple[Path, Path]:
         shard = self.root / key[:2]
         return shard / f"{key}.bin", shard / f"{key}.json"
@@ -203,13 +235,9 @@ class CacheDir:
         if not _KEY.fullmatch(key) or self.state(create=False) in ("memory", "absent"):
             return None
         bin_path, meta_path = self.paths(key)
-        try:
-            with trust.opened_dir(self.root, owners=self.owners) as root_fd, \
-                    trust.opened_dir(key[:2], root_fd, owners=self.owners) as shard_fd:
-                raw = trust.read_at(shard_fd, meta_path.name, SIDECAR_MAX_BYTES, meta_path, self.owners)
-                code = raw and trust.read_at(shard_fd, bin_path.name, CODE_MAX_BYTES, bin_path, self.owners)
-        except FileNotFoundError:  # never made, or removed by `cache clear` meanwhile
-            return None
+        # anything in the way (missing, another kind, unreadable, untrusted) is a miss, said once
+        raw = trust.read_in(self.root, (key[:2], meta_path.name), SIDECAR_MAX_BYTES, self.owners)
+        code = raw and trust.read_in(self.root, (key[:2], bin_path.name), CODE_MAX_BYTES, self.owners)
         if not raw or not code:
             return None
         meta, why = parse_sidecar(raw, key, code, spec)
@@ -231,17 +259,23 @@ class CacheDir:
                     trust.write_at(shard_fd, f"{key}.bin", kernel.code, file_mode)
                     trust.write_at(shard_fd, f"{key}.json", _sidecar(key, kernel, spec), file_mode)
                 return True
-            except CacheTrustError:
-                raise
+            except CacheTrustError as exc:  # a planted shard: this entry only
+                trust.warn_once(self.root / key[:2], f"{exc}; kernels of this shard are kept in memory")
+                return False
             except FileNotFoundError:  # `cache clear` removed the shard between its mkdir and open: again
                 continue
-            except OSError as exc:  # disk full, directory turned read-only: keep serving from memory
-                self._fallback("readonly", exc.strerror or str(exc))
+            except OSError as exc:
+                if exc.errno in _DIRECTORY_WIDE:  # the disk or the directory: keep serving from memory
+                    self._fallback("readonly", exc.strerror or str(exc))
+                else:  # something of another kind where this entry goes (a directory named like it): it only
+                    trust.warn_once(self.root / key[:2] / f"{key}.bin", f"{exc.strerror or exc}; this kernel is "
+                                    "kept in memory")
                 return False
         return False
 
-    def _shards(self) -> Iterator[tuple[str, int, list[str]]]:
-        """(shard name, descriptor, entry names) of each trusted shard; untrusted shards raise."""
+    def _shards(self) -> Iterator[tuple[str, Optional[int], list[str], str]]:
+        """(shard name, descriptor, entry names, "") of each shard directory, or (name, None, [], why) for one
+        that cannot be used (another kind of file, unreadable, untrusted)."""
         try:
             with trust.opened_dir(self.root, owners=self.owners) as root_fd:
                 for shard in trust.names_in(root_fd):
@@ -249,16 +283,23 @@ class CacheDir:
                         continue
                     try:
                         with trust.opened_dir(shard, root_fd, owners=self.owners) as fd:
-                            yield shard, fd, trust.names_in(fd)
+                            yield shard, fd, trust.names_in(fd), ""
                     except FileNotFoundError:
                         continue
+                    except CacheTrustError as exc:
+                        yield shard, None, [], str(exc)
+                    except OSError as exc:
+                        yield shard, None, [], f"shard {self.root / shard}: {trust.open_error(exc)}"
         except FileNotFoundError:
             return
 
     def entries(self) -> Iterator[Entry]:
         """Every key with a sidecar or a code object, checked as `read` checks it (an orphan code object is
-        an entry with a problem)."""
-        for shard, fd, names in self._shards():
+        an entry with a problem; so is a shard that is not a usable directory, under its own name)."""
+        for shard, fd, names, problem in self._shards():
+            if fd is None:
+                yield Entry(shard, self.root / shard, None, problem)
+                continue
             keys = sorted({m.group(1) for m in map(_ENTRY_FILE.fullmatch, names) if m and m.group(1)[:2] == shard})
             for key in keys:
                 bin_path, meta_path = self.paths(key)
@@ -270,13 +311,15 @@ class CacheDir:
                 code = trust.read_at(fd, bin_path.name, CODE_MAX_BYTES, bin_path, self.owners)
                 meta, why = parse_sidecar(raw, key, code, None)
                 if code is None:
-                    why = "its code object is missing or untrusted"
+                    why = "its code object is missing, not a regular file, or untrusted"
                 yield Entry(key, meta_path, meta if code is not None else None, why)
 
-    def clear(self) -> list[str]:
+    def clear(self) -> tuple[list[str], list[str]]:
         """Removes the key-named regular files (and stray temp files of killed writers) of every trusted shard,
-        never through a symlink; returns the keys removed."""
+        and empty directories planted under such names, never through a symlink. Returns (the keys removed,
+        one line for each thing that had to stay: a read-only disk, a directory with contents, ...)."""
         removed: set[str] = set()
+        left: list[str] = []
         try:
             with trust.opened_dir(self.root, owners=self.owners) as root_fd:
                 for shard in trust.names_in(root_fd):
@@ -287,9 +330,20 @@ class CacheDir:
                             for name in trust.names_in(fd):
                                 entry, temp = _ENTRY_FILE.fullmatch(name), _TEMP_FILE.fullmatch(name)
                                 match = entry or temp
-                                if match and match.group(1)[:2] == shard and trust.unlink_regular(fd, name) and entry:
+                                if not match or match.group(1)[:2] != shard:
+                                    continue
+                                why = trust.remove_entry(fd, name)
+                                if why:
+                                    left.append(f"{self.root / shard / name}: {why}")
+                                elif entry:
                                     removed.add(match.group(1))
                     except FileNotFoundError:
+                        continue
+                    except CacheTrustError as exc:
+                        left.append(f"{self.root / shard}: {exc}")
+                        continue
+                    except OSError as exc:
+                        left.append(f"{self.root / shard}: {trust.open_error(exc)}")
                         continue
                     try:
                         os.rmdir(shard, dir_fd=root_fd)
@@ -297,7 +351,7 @@ class CacheDir:
                         pass  # not empty: something that is not ours stays, untouched
         except FileNotFoundError:
             pass
-        return sorted(removed)
+        return sorted(removed), left
 
 
 def layer_owners() -> frozenset[int]:
@@ -312,8 +366,14 @@ class KernelCache:
 
     def __init__(self, root: Path, lock_root: Path, lock_timeout_s: float, layers: Sequence[Path] = (),
                  shared: bool = False) -> None:
+        lock_root = Path(lock_root)
+        if lock_root == Path(root) or Path(root) in lock_root.parents:
+            raise ConfigError(f"lock directory {lock_root} lies inside the cache directory {root}: the cache holds "
+                              f"only its entries; give the locks a directory of their own ({env.LOCK_DIR.name}, "
+                              "node-local)")
         self.dir = CacheDir(root, shared=shared)
         self.layers = [CacheDir(p, owners=layer_owners(), writable=False) for p in layers]
+        self.configured_layers = tuple(self.layers)  # `layers` drops one refused at a lookup; this keeps all
         self.locks = LockDir(lock_root, lock_timeout_s)
         self._memory: dict[str, tuple[CompiledKernel, str]] = {}
 
@@ -403,14 +463,15 @@ class KernelCache:
                 good += 1
         return good, bad
 
-    def clear(self) -> int:
-        """Removes every entry, stray temp files and the build locks of this cache; returns the entries removed."""
+    def clear(self) -> tuple[int, list[str]]:
+        """Removes every entry, stray temp files and the build locks of this cache; returns (the entries
+        removed, one line per thing that had to stay and why)."""
         self._memory.clear()
         if self.state(create=False) in ("memory", "absent"):
-            return 0
-        removed = self.dir.clear()
+            return 0, []
+        removed, left = self.dir.clear()
         self.locks.clear()
-        return len(removed)
+        return len(removed), left
 
 
 @lru_cache(maxsize=None)
@@ -439,15 +500,7 @@ def write_manifest(root: Path, compilers: dict[str, str], kernels: int) -> None:
 def read_manifest(root: Path, owners: Optional[frozenset[int]] = None) -> Optional[dict]:
     """A layer's manifest, or None (none, untrusted or malformed: then the layer is judged by its entries)."""
     owners = layer_owners() if owners is None else owners
-    try:
-        with trust.opened_dir(root, owners=owners) as fd:
-            raw = trust.read_at(fd, LAYER_MANIFEST, MANIFEST_MAX_BYTES, Path(root) / LAYER_MANIFEST, owners)
-    except (OSError, CacheTrustError):
-        return None
-    try:
-        manifest = json.loads(raw) if raw else None
-    except ValueError:
-        return None
+    manifest = trust.json_in(Path(root), (LAYER_MANIFEST,), MANIFEST_MAX_BYTES, owners)
     ok = isinstance(manifest, dict) and isinstance(manifest.get("version"), str) and \
         isinstance(manifest.get("compilers"), dict)
     return manifest if ok else None

@@ -1,23 +1,26 @@
 """What fused_ar trusts on disk, and how it reads and writes there: kernel cache entries, probe verdicts,
-measured thresholds, lock files.
+measured thresholds, layer manifests, lock files.
 
 Every directory and file is opened without following a symlink and checked on its open descriptor: a
 directory or a regular file (bounded in size), owned by an allowed user (the current one, by default),
-writable by neither group nor others. A file that fails is a miss with one warning line naming it; a
-directory that fails is a `CacheTrustError`. Writes go to an exclusive temp file in the same trusted
-directory, are fsynced and renamed. This module knows nothing of what the files hold.
+writable by neither group nor others. `read_in` is the one way to read a file there: whatever is in the
+way (missing, of another kind, unreadable, untrusted) makes it absent, with one warning line naming the
+path unless it is simply missing; `json_in` does the same for JSON, of bounded nesting. Writes go to an
+exclusive temp file in the same trusted directory, are fsynced and renamed. This module knows nothing of
+what the files hold.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import secrets
 import stat
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Collection, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional, Sequence
 
 from ..errors import CacheTrustError
 
@@ -69,7 +72,8 @@ def problem(st: os.stat_result, want_dir: bool, owners: Collection[int], max_byt
     return None
 
 
-def _open_error(exc: OSError) -> str:
+def open_error(exc: OSError) -> str:
+    """Why opening failed, in words (a symlink is named as one)."""
     if exc.errno == errno.ELOOP:
         return "it is a symlink (fused_ar never follows one here)"
     if exc.errno == errno.ENOTDIR:
@@ -91,9 +95,11 @@ def opened_dir(path: Path, dir_fd: Optional[int] = None, *, create: bool = False
     if `create` and missing. Raises CacheTrustError when untrusted (a symlink, another owner, writable by
     others), OSError when unusable (FileNotFoundError when missing, NotADirectoryError, ...)."""
     owners = me() if owners is None else owners
+    made = False
     if create:
         try:
             os.mkdir(path, mode, dir_fd=dir_fd)
+            made = True
         except FileExistsError:
             pass
     try:
@@ -105,6 +111,8 @@ def opened_dir(path: Path, dir_fd: Optional[int] = None, *, create: bool = False
                                   f"here; name the real directory)") from None
         raise  # missing, not a directory, no permission: unusable, not untrusted
     try:
+        if made:  # exactly `mode`, whatever the umask (a shared layer must stay readable, a private cache private)
+            os.fchmod(fd, mode)
         why = problem(os.fstat(fd), True, owners)
         if why is not None:
             raise CacheTrustError(f"refusing directory {path}: {why}; fused_ar keeps code and state only in a "
@@ -124,7 +132,7 @@ def read_at(dir_fd: int, name: str, max_bytes: int, shown: Path,
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        warn_once(shown, _open_error(exc))
+        warn_once(shown, open_error(exc))
         return None
     try:
         why = problem(os.fstat(fd), False, me() if owners is None else owners, max_bytes)
@@ -148,6 +156,103 @@ def read_at(dir_fd: int, name: str, max_bytes: int, shown: Path,
         return None
     finally:
         os.close(fd)
+
+
+def condition(path: Path, owners: Optional[Collection[int]] = None) -> str:
+    """A directory's state in words, creating nothing: "ok", "missing", "untrusted: why" or "unusable: why"."""
+    try:
+        with opened_dir(path, owners=owners):
+            return "ok"
+    except FileNotFoundError:
+        return "missing"
+    except CacheTrustError as exc:
+        return f"untrusted: {exc}"
+    except OSError as exc:
+        return f"unusable: {open_error(exc)}"
+
+
+def make_parents(path: Path, mode: int) -> None:
+    """Creates the missing directories above and including `path` with exactly `mode` (never the umask's
+    choice: 0700 for a private cache, 0755 for a layer others read). Raises OSError."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            continue
+        os.chmod(directory, mode, follow_symlinks=False)
+
+
+def read_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[Collection[int]] = None) -> Optional[bytes]:
+    """The bytes of the file root/parts[0]/.../parts[-1], every directory on the way and the file checked as
+    above; None when anything is in the way: missing (silently), or of another kind, unreadable, untrusted
+    (one warning line naming the path). Never raises for what is on disk."""
+    at = Path(root)  # the directory being opened: what a warning names
+    try:
+        with ExitStack() as stack:
+            fd = stack.enter_context(opened_dir(at, owners=owners))
+            for name in parts[:-1]:
+                at = at / name
+                fd = stack.enter_context(opened_dir(Path(name), fd, owners=owners))
+            return read_at(fd, parts[-1], max_bytes, Path(root, *parts), owners)
+    except FileNotFoundError:
+        return None
+    except CacheTrustError as exc:
+        warn_once(at, str(exc))
+    except OSError as exc:
+        warn_once(at, open_error(exc))
+    return None
+
+
+# State files hold flat records: a few levels of nesting at most. Deeper input is refused before parsing, so
+# a planted file cannot make the parser recurse.
+MAX_JSON_DEPTH = 16
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def parse_json(raw: bytes) -> tuple[Any, str]:
+    """(value, "") or (None, why): not UTF-8, not JSON, or nested deeper than MAX_JSON_DEPTH."""
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        return None, f"it nests deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        return json.loads(raw.decode("utf-8")), ""
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"it is not JSON ({exc})"
+
+
+def json_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[Collection[int]] = None) -> Any:
+    """The JSON value of root/parts... read with read_in, or None (a malformed file: one warning line)."""
+    raw = read_in(root, parts, max_bytes, owners)
+    if raw is None:
+        return None
+    value, why = parse_json(raw)
+    if why:
+        warn_once(Path(root, *parts), why)
+    return value
 
 
 def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
@@ -174,15 +279,37 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
     os.fsync(dir_fd)
 
 
+def remove_entry(dir_fd: int, name: str) -> str:
+    """Removes `name` from `dir_fd` when it is a regular file, or an empty directory planted under an entry's
+    name; "" when done (or already gone), else why it stays (another kind, a directory with contents, a
+    read-only disk). Never follows a symlink."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+        elif stat.S_ISDIR(st.st_mode):
+            os.rmdir(name, dir_fd=dir_fd)
+        else:
+            return f"it is {_kind(st.st_mode)}, left in place"
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        if exc.errno == errno.ENOTEMPTY:
+            return "a directory with contents, left in place"
+        return exc.strerror or str(exc)
+    return ""
+
+
 def unlink_regular(dir_fd: int, name: str) -> bool:
-    """Removes `name` from `dir_fd` if it is a regular file (a symlink, directory or device stays)."""
+    """Removes `name` from `dir_fd` if it is a regular file (a symlink, directory or device stays); False when
+    it is not one or cannot be removed (a read-only disk)."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             return False
         os.unlink(name, dir_fd=dir_fd)
         return True
-    except FileNotFoundError:
+    except OSError:
         return False
 
 

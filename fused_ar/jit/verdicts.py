@@ -8,10 +8,9 @@ one prober at a time behind a file lock. It knows nothing of what is probed.
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import env
-from ..errors import CacheTrustError
 from . import trust
 from .cache import state_dir
 from .locks import default_lock_dir
@@ -19,14 +18,8 @@ from .locks import default_lock_dir
 VERDICT_MAX_BYTES = 4096
 
 
-def _verdict(raw: Optional[bytes]) -> Optional[tuple[bool, str]]:
-    """(ok, detail) from a stored verdict, or None when there is none or it is malformed."""
-    if raw is None:
-        return None
-    try:
-        verdict = json.loads(raw)
-    except ValueError:
-        return None
+def _verdict(verdict: Any) -> Optional[tuple[bool, str]]:
+    """(ok, detail) from a stored verdict's JSON, or None when there is none or it is malformed."""
     if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool) or not isinstance(verdict.get("detail"), str):
         return None
     return verdict["ok"], verdict["detail"]
@@ -39,16 +32,10 @@ def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[
     untrusted file is probed again; an unwritable cache only means probing again next time."""
     name = f"{kind}-{key}.json"
     with default_lock_dir().held(f"probe-{key}", f"probing ({kind})"):
-        try:
-            with state_dir("probes") as (fd, where):
-                found = _verdict(trust.read_at(fd, name, VERDICT_MAX_BYTES, where / name))
-        except FileNotFoundError:
-            found = None
-        except CacheTrustError as exc:
-            trust.warn_once(env.cache_dir(), f"{exc}; probing again")
-            found = None
+        root = env.cache_dir()
+        found = _verdict(trust.json_in(root, ("probes", name), VERDICT_MAX_BYTES))
         if found is not None:
-            return found[0], f"{found[1]} (probed earlier, {where / name})"
+            return found[0], f"{found[1]} (probed earlier, {root / 'probes' / name})"
         ok, detail = probe()
         try:
             with state_dir("probes", create=True) as (fd, _):

@@ -52,7 +52,7 @@ def test_layer_is_read_after_the_writable_cache_and_never_touched(tmp_path):
     assert not list((tmp_path / "mine").glob("??/*")), "the writable cache got entries"
     other = SPEC.__class__("add_rmsnorm", "fp16", "sm_90")
     assert user.get(other, fake).status == "built"  # a miss builds into the writable cache, not the layer
-    assert user.clear() == 1
+    assert user.clear() == (1, [])
     assert _snapshot(layer) == before and not list(layer.rglob("*.lock")) and not list(layer.rglob("*.tmp"))
 
 

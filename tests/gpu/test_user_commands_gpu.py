@@ -1,6 +1,7 @@
 """What a new user runs first, run as they would on one GPU: `python -m fused_ar demo` and every example
 (with its defaults; the benchmark example with a small sweep), each checked for its exit status and output;
-a Communicator built with each form of device torch users pass."""
+README's snippets that run in one process on one GPU, as written; a Communicator built with each form of
+device torch users pass."""
 
 from __future__ import annotations
 
@@ -85,3 +86,15 @@ def test_bench_add_rmsnorm_with_its_options(tmp_path):
     table = (tmp_path / "n" / "add_rmsnorm.md").read_text()
     assert "Block-size sweep" in table and "Variants against the contiguous call" in table
     assert (tmp_path / "n" / "add_rmsnorm.json").is_file()
+
+
+def _one_gpu_snippets():
+    from tests.readme_snippets import runs_on_one_gpu, snippets
+
+    return [(i, code) for i, code in enumerate(snippets()) if runs_on_one_gpu(code)]
+
+
+@pytest.mark.parametrize("index, code", _one_gpu_snippets(), ids=lambda v: f"snippet{v}" if isinstance(v, int) else "")
+def test_readme_snippet_runs_as_written(index, code):
+    proc = _run("-c", code, timeout=300)
+    assert proc.returncode == 0, f"README snippet {index}:\n{code}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
