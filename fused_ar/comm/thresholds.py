@@ -103,7 +103,7 @@ def load(arch: str, ngpus: int) -> Optional[Thresholds]:
     """The stored thresholds for (arch, ngpus), or None (no file, or one that cannot be trusted)."""
     name = file_name(arch, ngpus)
     where = env.cache_dir() / "thresholds"
-    stored = trust.json_in(where.parent, ("thresholds", name), MAX_FILE_BYTES)
+    stored = trust.json_in(where.parent, ("thresholds", name), MAX_FILE_BYTES, then="the built-in thresholds serve")
     if stored is None:
         return None
     try:

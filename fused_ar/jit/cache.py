@@ -236,8 +236,8 @@ class CacheDir:
             return None
         bin_path, meta_path = self.paths(key)
         # anything in the way (missing, another kind, unreadable, untrusted) is a miss, said once
-        raw = trust.read_in(self.root, (key[:2], meta_path.name), SIDECAR_MAX_BYTES, self.owners)
-        code = raw and trust.read_in(self.root, (key[:2], bin_path.name), CODE_MAX_BYTES, self.owners)
+        raw = trust.read_in(self.root, (key[:2], meta_path.name), SIDECAR_MAX_BYTES, self.owners, "a miss")
+        code = raw and trust.read_in(self.root, (key[:2], bin_path.name), CODE_MAX_BYTES, self.owners, "a miss")
         if not raw or not code:
             return None
         meta, why = parse_sidecar(raw, key, code, spec)
@@ -367,7 +367,8 @@ class KernelCache:
     def __init__(self, root: Path, lock_root: Path, lock_timeout_s: float, layers: Sequence[Path] = (),
                  shared: bool = False) -> None:
         lock_root = Path(lock_root)
-        if lock_root == Path(root) or Path(root) in lock_root.parents:
+        refused_anyway = Path(os.path.abspath(root)) in (Path("/"), Path(os.path.abspath(Path.home())))  # check_root
+        if not refused_anyway and (lock_root == Path(root) or Path(root) in lock_root.parents):
             raise ConfigError(f"lock directory {lock_root} lies inside the cache directory {root}: the cache holds "
                               f"only its entries; give the locks a directory of their own ({env.LOCK_DIR.name}, "
                               "node-local)")

@@ -41,9 +41,9 @@ def me() -> frozenset[int]:
     return frozenset((os.getuid(),))
 
 
-def warn_once(path: Path, why: str) -> None:
-    """One line per (path, reason) per process, on the `fused_ar` logger."""
-    line = f"fused_ar: ignoring {path}: {why}"
+def warn_once(path: Path, why: str, then: str = "") -> None:
+    """One line per (path, reason) per process, on the `fused_ar` logger; `then`: what follows from it."""
+    line = f"fused_ar: ignoring {path}: {why}" + (f"; {then}" if then else "")
     if line not in _warned:
         _warned.add(line)
         log.warning(line)
@@ -124,7 +124,7 @@ def opened_dir(path: Path, dir_fd: Optional[int] = None, *, create: bool = False
 
 
 def read_at(dir_fd: int, name: str, max_bytes: int, shown: Path,
-            owners: Optional[Collection[int]] = None) -> Optional[bytes]:
+            owners: Optional[Collection[int]] = None, then: str = "") -> Optional[bytes]:
     """The bytes of the trusted regular file `name` in `dir_fd`; None when it is missing or untrusted
     (then with one warning line naming `shown`, the path a user would recognize)."""
     try:
@@ -132,12 +132,12 @@ def read_at(dir_fd: int, name: str, max_bytes: int, shown: Path,
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        warn_once(shown, open_error(exc))
+        warn_once(shown, open_error(exc), then)
         return None
     try:
         why = problem(os.fstat(fd), False, me() if owners is None else owners, max_bytes)
         if why is not None:
-            warn_once(shown, why)
+            warn_once(shown, why, then)
             return None
         chunks, left = [], max_bytes + 1
         while left > 0:
@@ -148,11 +148,11 @@ def read_at(dir_fd: int, name: str, max_bytes: int, shown: Path,
             left -= len(chunk)
         data = b"".join(chunks)
         if len(data) > max_bytes:  # grew after fstat
-            warn_once(shown, f"it holds more than the {max_bytes} bytes such a file may")
+            warn_once(shown, f"it holds more than the {max_bytes} bytes such a file may", then)
             return None
         return data
     except OSError as exc:
-        warn_once(shown, exc.strerror or str(exc))
+        warn_once(shown, exc.strerror or str(exc), then)
         return None
     finally:
         os.close(fd)
@@ -186,7 +186,8 @@ def make_parents(path: Path, mode: int) -> None:
         os.chmod(directory, mode, follow_symlinks=False)
 
 
-def read_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[Collection[int]] = None) -> Optional[bytes]:
+def read_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[Collection[int]] = None,
+            then: str = "") -> Optional[bytes]:
     """The bytes of the file root/parts[0]/.../parts[-1], every directory on the way and the file checked as
     above; None when anything is in the way: missing (silently), or of another kind, unreadable, untrusted
     (one warning line naming the path). Never raises for what is on disk."""
@@ -197,13 +198,13 @@ def read_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[C
             for name in parts[:-1]:
                 at = at / name
                 fd = stack.enter_context(opened_dir(Path(name), fd, owners=owners))
-            return read_at(fd, parts[-1], max_bytes, Path(root, *parts), owners)
+            return read_at(fd, parts[-1], max_bytes, Path(root, *parts), owners, then)
     except FileNotFoundError:
         return None
     except CacheTrustError as exc:
-        warn_once(at, str(exc))
+        warn_once(at, str(exc), then)
     except OSError as exc:
-        warn_once(at, open_error(exc))
+        warn_once(at, open_error(exc), then)
     return None
 
 
@@ -244,14 +245,15 @@ def parse_json(raw: bytes) -> tuple[Any, str]:
         return None, f"it is not JSON ({exc})"
 
 
-def json_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[Collection[int]] = None) -> Any:
+def json_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[Collection[int]] = None,
+            then: str = "") -> Any:
     """The JSON value of root/parts... read with read_in, or None (a malformed file: one warning line)."""
-    raw = read_in(root, parts, max_bytes, owners)
+    raw = read_in(root, parts, max_bytes, owners, then)
     if raw is None:
         return None
     value, why = parse_json(raw)
     if why:
-        warn_once(Path(root, *parts), why)
+        warn_once(Path(root, *parts), why, then)
     return value
 
 

@@ -33,7 +33,7 @@ def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[
     name = f"{kind}-{key}.json"
     with default_lock_dir().held(f"probe-{key}", f"probing ({kind})"):
         root = env.cache_dir()
-        found = _verdict(trust.json_in(root, ("probes", name), VERDICT_MAX_BYTES))
+        found = _verdict(trust.json_in(root, ("probes", name), VERDICT_MAX_BYTES, then="probing again"))
         if found is not None:
             return found[0], f"{found[1]} (probed earlier, {root / 'probes' / name})"
         ok, detail = probe()
