@@ -486,6 +486,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         args.m, args.hidden = args.m or [1, 16, 128, 1024], args.hidden or [4096, 8192]
         return bench_fp8(args)
+    if args.what == "startup":
+        from .bench.startup import bench_startup
+
+        args.replays = min(args.replays, 9)
+        return bench_startup(args)
     if args.what == "host":
         from .bench.host import bench_host
 
@@ -598,11 +603,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "first, by the field's method (CUDA-graph replays, minimum per rank, maximum "
                                    "across ranks): the all-reduce suite (one process per GPU, or N ranks emulated "
                                    "on one), the local add_rmsnorm, the host cost of eager calls, or FP8 output.")
-    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host", "fp8"],
+    p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host", "fp8", "startup"],
                    default="allreduce_rmsnorm",
                    help="which suite (host: CPU us per eager call, at the first --m (default 8), --hidden "
                         "(default 8192), --tp and --dtype; fp8: the fused FP8 output against torch's quantization "
-                        "after ours, at --tp, --m (default 1,16,128,1024), --hidden (default 4096,8192))")
+                        "after ours, at --tp, --m (default 1,16,128,1024), --hidden (default 4096,8192); startup: "
+                        "first calls in fresh processes against torch's, --replays processes each (at most 9))")
     p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8], help="group sizes")
     p.add_argument("--m", type=_type("m", _sizes), default=None,
                    help=f"rows: a list and/or ranges, e.g. 1,2,4 or 1..1024 (doubling) or 64..512:64 (default "

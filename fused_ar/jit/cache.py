@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -213,6 +212,8 @@ class CacheDir:
             ancestor = self.root.parent
             while not os.path.lexists(ancestor):
                 ancestor = ancestor.parent
+            import tempfile
+
             try:  # what mkdir would say (access() says yes to root everywhere, /proc included)
                 os.rmdir(tempfile.mkdtemp(prefix=".fused_ar-probe-", dir=ancestor))
             except OSError as exc:

@@ -14,8 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-import filelock
-
 from .. import env
 from . import trust
 from ..errors import CacheTrustError, FusedArError
@@ -35,7 +33,7 @@ class LockDir:
         if not self._checked:
             self._checked = True
             try:
-                self.root.parent.mkdir(parents=True, exist_ok=True)
+                trust.make_parents(self.root.parent, 0o700)
                 with trust.opened_dir(self.root, create=True, mode=0o700) as fd:
                     probe = f".probe-{os.getpid()}-{secrets.token_hex(4)}"
                     os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
@@ -53,6 +51,8 @@ class LockDir:
         if self.unusable() is not None:
             yield False
             return
+        import filelock  # only a build or a probe takes a lock: a cache hit never imports it
+
         lock = filelock.FileLock(str(self.root / f"{name}.lock"), timeout=self.timeout_s)
         try:
             lock.acquire()

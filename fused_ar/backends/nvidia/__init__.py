@@ -1,2 +1,2 @@
-"""NVIDIA: NVRTC through cuda-bindings (compiler) and the CUDA driver (runtime). Reached only through
-fused_ar.backends."""
+"""NVIDIA: NVRTC through cuda-bindings (compiler, loaded only to compile) and the CUDA driver's C API through
+ctypes (runtime). Reached only through fused_ar.backends."""
