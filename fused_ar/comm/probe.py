@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Sequence
 
 from .. import env
 from .._version import __version__

@@ -23,7 +23,7 @@ from fused_ar.jit.cache import KernelCache
 from fused_ar.jit.verdicts import remembered
 
 from .test_cache import SPEC, FakeCompiler
-from .test_hardening import OTHER_UID, _built, _cache, _cli, as_root
+from .test_hardening import _built, _cache, _cli, as_root
 
 DEEP = b"[" * 2000 + b"]" * 2000  # deeper than Python's recursion limit, small enough for every size bound
 

@@ -25,7 +25,6 @@ from fused_ar.jit.spec import KernelSpec
 from fused_ar.jit.warm import warm
 
 from .test_cache import SPEC, FakeCompiler
-from .warm_helpers import PER_DTYPE
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534  # nobody
