@@ -72,7 +72,7 @@ def test_warm_without_arch_or_gpu_says_so(tmp_path):
 def test_info_runs(tmp_path):
     proc = _cli("info", cache=tmp_path / "c", extra_env=NO_ROCM)
     assert proc.returncode == 0, proc.stderr
-    assert "NVRTC (CUDA): nvrtc-" in proc.stdout and "hiprtc (ROCm): unavailable" in proc.stdout
+    assert "NVRTC (CUDA): nvrtc@" in proc.stdout and "libnvrtc.so" in proc.stdout and "hiprtc (ROCm): unavailable" in proc.stdout
 
 
 def test_the_clone_seen_from_its_parent_does_not_shadow_the_package(tmp_path):

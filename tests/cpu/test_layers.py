@@ -115,7 +115,7 @@ def test_cache_verify_and_clear_of_a_layer(tmp_path):
     n = PER_DTYPE
     assert built.returncode == 0 and f"{n} compiled ({n} saved)" in built.stdout and "layer" in built.stdout, built.stderr
     manifest = json.loads((layer / "layer.json").read_text())
-    assert manifest["kernels"] == n and manifest["compilers"]["sm_90"].startswith("nvrtc-")
+    assert manifest["kernels"] == n and manifest["compilers"]["sm_90"].startswith("nvrtc@")
     ok = _cli("cache", "verify", str(layer))
     assert ok.returncode == 0 and f"{n} good entries, 0 bad" in ok.stdout
     victim = next(layer.glob("??/*.bin"))
