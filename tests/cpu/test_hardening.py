@@ -401,8 +401,10 @@ def test_ctrl_c_stops_warm_promptly_in_one_line(tmp_path):
     proc, workers = _start_warm(tmp_path)
     start = time.perf_counter()
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-    _, err = proc.communicate(timeout=30)
-    assert time.perf_counter() - start < 5 and proc.returncode == 130
+    _, err = proc.communicate(timeout=60)
+    # promptly: not after the ~80 kernels still queued (20-40 s on 2 cores); 1-3 s on an idle machine, up to 8
+    # seen on a loaded CI machine
+    assert time.perf_counter() - start < 15 and proc.returncode == 130
     assert "Traceback" not in err and "interrupted" in err and len(err.strip().splitlines()) == 1, err
     time.sleep(0.5)
     assert not any(_alive(w) for w in workers)
