@@ -66,6 +66,8 @@ def _xdg_path(raw: str) -> Optional[Path]:
 
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
+    """One environment variable: its name, parser, default and documentation (the one place it is defined)."""
+
     name: str
     parse: Callable[[str], T]
     default: Optional[T]
@@ -125,6 +127,12 @@ TIMEOUT_S: EnvVar[float] = EnvVar(
     "FUSED_AR_TIMEOUT_S", _seconds, 30.0, "30",
     "Seconds a cross-GPU kernel waits for a peer at a barrier before giving up (never a hang).",
 )
+PDL: EnvVar[bool] = EnvVar(
+    "FUSED_AR_PDL", _bool01, True, "1",
+    "Programmatic dependent launch on NVIDIA sm_90 and newer (a kernel starts while the previous one on its "
+    "stream finishes, and waits for it before touching memory); 0 launches every kernel plainly. Read when a "
+    "call's shape is first planned. No effect on AMD.",
+)
 PEER_PROBE: EnvVar[bool] = EnvVar(
     "FUSED_AR_PEER_PROBE", _bool01, True, "1",
     "Probe IPC peer access for real (a child process, once per node and boot, remembered in the cache "
@@ -143,7 +151,7 @@ XDG_RUNTIME_DIR: EnvVar[Path] = EnvVar(
 )
 
 VARIABLES: tuple[EnvVar, ...] = (CACHE_DIR, CACHE_PATH, LOCK_DIR, LOCK_TIMEOUT_S, CLANG, ONE_STAGE, ONE_STAGE_MAX_BYTES,
-                                 FALLBACK_MIN_BYTES, TIMEOUT_S, PEER_PROBE, ENGINE_PLUGIN, XDG_CACHE_HOME,
+                                 FALLBACK_MIN_BYTES, TIMEOUT_S, PDL, PEER_PROBE, ENGINE_PLUGIN, XDG_CACHE_HOME,
                                  XDG_RUNTIME_DIR)
 
 

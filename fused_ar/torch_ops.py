@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from .comm.registry import lookup
+from .device.ops import add_rmsnorm, add_rmsnorm_fp8
 
 SCHEMAS = {
     "allreduce_rmsnorm": "allreduce_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
@@ -59,15 +60,11 @@ def _allreduce(x: torch.Tensor, comm: int, path: str = "auto") -> torch.Tensor:
 def _add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
                  weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, residual_out) = fused_ar.add_rmsnorm(x, residual, weight, eps, weight_offset=...)."""
-    from .device.ops import add_rmsnorm
-
     return add_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset)
 
 
 def _add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
                   weight_offset: float = 0.0) -> None:
-    from .device.ops import add_rmsnorm
-
     add_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset, out=x, residual_out=residual)
 
 
@@ -86,8 +83,6 @@ def _add_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: 
                      weight_offset: float = 0.0, scale: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
                      fp8_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = fused_ar.add_rmsnorm_fp8(...)."""
-    from .device.ops import add_rmsnorm_fp8
-
     return _fresh_scales(*add_rmsnorm_fp8(x, residual, weight, eps, weight_offset=weight_offset, scale=scale,
                                           group_size=group_size, fp8_dtype=fp8_dtype), scale)
 

@@ -41,6 +41,8 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, float* __restrict__ scales, int group,
     fa_i64 scales_stride, fa_i64 timeout_ns) {
+  fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
+  fa_grid_launch_dependents();
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
   const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);

@@ -49,6 +49,10 @@ FA_INLINE int fa_grid_blocks() {
   return (int)(__builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x());
 }
 
+// Programmatic dependent launch is NVIDIA's (sm_90+): nothing to wait for or release here.
+FA_INLINE void fa_grid_dependency_wait() {}
+FA_INLINE void fa_grid_launch_dependents() {}
+
 // Workgroup barrier with the fences HIP's __syncthreads carries: LDS writes before it are seen after it.
 FA_INLINE void fa_sync_block() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
@@ -125,6 +129,18 @@ FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
 FA_INLINE int fa_thread_id() { return (int)threadIdx.x; }
 FA_INLINE int fa_block_id() { return (int)blockIdx.x; }
 FA_INLINE int fa_grid_blocks() { return (int)gridDim.x; }
+
+// Programmatic dependent launch (sm_90+; docs/design.md section 3): a kernel launched with the attribute may
+// start while the previous kernel on its stream still runs. Every kernel waits here, before its first access
+// to global memory, until that kernel has finished and its writes are visible, then lets the next kernel on
+// the stream start launching. Both are no-ops for a launch without the attribute.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+FA_INLINE void fa_grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+FA_INLINE void fa_grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+#else
+FA_INLINE void fa_grid_dependency_wait() {}
+FA_INLINE void fa_grid_launch_dependents() {}
+#endif
 
 // __syncthreads orders shared-memory writes before the barrier with reads after it.
 FA_INLINE void fa_sync_block() { __syncthreads(); }

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+ENGINES = Path(__file__).resolve().parents[1] / ".venv" / "engines"  # what scripts/engines.sh unpacks
 
 # N emulated ranks on one GPU run on N streams that must all make progress at once; CUDA maps streams onto
 # CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default), and two ranks sharing one would wait on each
@@ -51,3 +54,18 @@ def _private_cache(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def engines_site(request) -> Path:
+    """The directory holding vLLM's and SGLang's own modules (and triton, which SGLang imports); skips where
+    the package registry could not be reached, fails under --require-engines where they were never unpacked."""
+    unreachable = ENGINES / "unreachable"
+    if unreachable.is_file():
+        pytest.skip(f"the engines' modules could not be downloaded: {unreachable.read_text().strip()}")
+    if not (ENGINES / "site" / "vllm").is_dir() or not (ENGINES / "site" / "sglang").is_dir():
+        message = "vLLM's and SGLang's modules are not unpacked: run bash scripts/engines.sh"
+        if request.config.getoption("--require-engines"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return ENGINES / "site"

@@ -24,8 +24,8 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from ..jit.kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from ..device.launch import arch_of, function, preload, spec_for
-from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, fp8_pointers_ok, is_capturing, nbytes, plain_eps,
-                    plain_offset, quant_key, raw_stream, rmsnorm_key, rmsnorm_pointers_ok)
+from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, input_addresses, is_capturing,
+                            nbytes, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
@@ -302,21 +302,21 @@ class Communicator:
     def _apply_graph_records(self, everyone: list[list[Any]]) -> None:
         self._graphs.apply(self.rank, self._view, everyone)
 
-    def _peer_table(self, x: Any, plan: CallPlan, stream: int, stage: bool = False) -> int:
-        """The peer table of this call: a graph table naming x itself while capturing, else the eager one
-        with x copied into the staging buffer (also while capturing where peers cannot map x, or `stage`: x
-        is not contiguous rows, or this call writes its output over it)."""
+    def _peer_table(self, x: int, plan: CallPlan, stream: int, stage: bool = False) -> int:
+        """The peer table of this call (x: its input's address): a graph table naming x itself while capturing,
+        else the eager one with x copied into the staging buffer (also while capturing where peers cannot map
+        x, or `stage`: x is not contiguous rows, or this call writes its output over it)."""
         if is_capturing():
-            table = None if stage or not self._register_graph_inputs else self._graphs.record(x.data_ptr())
+            table = None if stage or not self._register_graph_inputs else self._graphs.record(x)
             if table is not None:
                 return table
         elif self._graphs.pending:
             self.register_graph_buffers()
         rows, row_bytes, pitch = plan.x_layout
         if pitch == row_bytes:
-            self._runtime.copy_async(self._mem.staging, x.data_ptr(), rows * row_bytes, stream)
+            self._runtime.copy_async(self._mem.staging, x, rows * row_bytes, stream)
         else:
-            self._runtime.copy_rows(self._mem.staging, row_bytes, x.data_ptr(), pitch, row_bytes, rows, stream)
+            self._runtime.copy_rows(self._mem.staging, row_bytes, x, pitch, row_bytes, rows, stream)
         return self._mem.table
 
     # -- ops ----------------------------------------------------------------------------------------------
@@ -354,15 +354,12 @@ class Communicator:
         except AttributeError:  # not a tensor: the full checks say so
             key = None
         plan = self._plans.get(key)
-        ok = plan is not None and plain_eps(eps) and plain_offset(offset)
-        if ok and fp8 is None:
-            ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
-        elif ok:
-            ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out) \
-                and fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, (x, residual, weight, residual_out), out,
-                                    scales)
-        if not ok:
+        inputs = None
+        if plan is not None and plain_eps(eps) and plain_offset(offset):
+            inputs = call_inputs(plan, x, residual, weight, out, residual_out, scales)
+        if inputs is None:
             plan, eps, offset = self._checked_fused(key, x, residual, weight, eps, offset, path, out, residual_out, fp8)
+            inputs = input_addresses(x, residual, weight)
         quant = plan.quant
         if out is None:
             out = torch.empty_like(x) if quant is None else \
@@ -378,11 +375,11 @@ class Communicator:
             stream = raw_stream(self.device)
             buf = plan.buffer()
             v = buf.values
+            xp, v.residual, v.weight = inputs
+            op = v.out = out.data_ptr()
+            v.residual_out = residual_out.data_ptr()
             # out at x: peers may still read x in place (a captured call) while this rank writes out: stage it
-            v.peers = self._peer_table(x, plan, stream, stage=plan.stage_x or out.data_ptr() == x.data_ptr())
-            v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
-            v.residual = 0 if residual is None else residual.data_ptr()
-            v.weight = 0 if weight is None else weight.data_ptr()
+            v.peers = self._peer_table(xp, plan, stream, stage=plan.stage_x or op == xp)
             v.scales = 0 if scales is None else scales.data_ptr()
             v.eps, v.weight_offset = eps, offset
             plan.launch(stream, buf)
@@ -406,8 +403,9 @@ class Communicator:
             return self._fallback_allreduce(x, out)
         stream = raw_stream(self.device)
         buf = plan.buffer()
-        buf.values.peers = self._peer_table(x, plan, stream, stage=out.data_ptr() == x.data_ptr())
-        buf.values.out = out.data_ptr()
+        xp, op = x.data_ptr(), out.data_ptr()
+        buf.values.peers = self._peer_table(xp, plan, stream, stage=op == xp)
+        buf.values.out = op
         plan.launch(stream, buf)
         return out
 

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
 from .launch import arch_of, spec_for
-from .plans import (LaunchPlan, fp8_pointers_ok, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key,
-                    rmsnorm_pointers_ok, span_bytes)
+from .plans import (LaunchPlan, call_inputs, input_addresses, plain_eps, plain_offset, quant_key, raw_stream,
+                    rmsnorm_key, span_bytes)
 from ..jit.spec import Op, Quant, native_fp8
 from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_outputs, check_quant,
                        check_quant_outputs, check_rmsnorm_inputs, check_scale_value, overlaps, row_pack)
@@ -55,13 +55,13 @@ class AddRmsnormPlan(LaunchPlan):
         self.q_spans = tuple(span_bytes(t) for t in q_tensors)  # out (FP8), scales or scale
         self.q_align = pack // dtype.itemsize  # FP8 bytes per access
 
-    def run(self, out: Any, residual_out: Any, x: Any, residual: Any, weight: Any, eps: float, offset: float,
+    def run(self, out: Any, residual_out: Any, inputs: tuple[int, int, int], eps: float, offset: float,
             scales: Any = None) -> None:
+        """One launch; `inputs`: the (x, residual, weight) addresses, 0 for an absent one."""
         buf = self.buffer()
         v = buf.values
-        v.out, v.residual_out, v.x = out.data_ptr(), residual_out.data_ptr(), x.data_ptr()
-        v.residual = 0 if residual is None else residual.data_ptr()
-        v.weight = 0 if weight is None else weight.data_ptr()
+        v.x, v.residual, v.weight = inputs
+        v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
         v.scales = 0 if scales is None else scales.data_ptr()
         v.eps, v.weight_offset = eps, offset
         self.launch(raw_stream(self.device), buf)
@@ -71,18 +71,19 @@ _plans: dict[tuple, AddRmsnormPlan] = {}  # per key: the plan of a call whose po
 _by_pack: dict[tuple, AddRmsnormPlan] = {}  # per (key, access width, in place): every plan made
 
 
-def _fast_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
-               scales: Any = None) -> Optional[AddRmsnormPlan]:
-    """The plan of this call's key when every per-call check passes, else None (the full checks then run)."""
-    plan = _plans.get(key)
-    if plan is None or not plain_eps(eps) or not plain_offset(offset):
-        return None
-    if plan.quant is None:
-        ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
-    else:
-        ok = rmsnorm_pointers_ok(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out) \
-            and fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, (x, residual, weight, residual_out), out, scales)
-    return plan if ok else None
+def _plan(key: Optional[tuple], x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any,
+          residual_out: Any, fp8: Optional[tuple] = None) -> tuple[AddRmsnormPlan, tuple[int, int, int], float, float]:
+    """(plan, the (x, residual, weight) addresses, eps, offset) of this call: only the per-call checks when its
+    key has a plan and they pass, else every check (which raises the error or builds the plan). `fp8`: the
+    FP8 call's (scale, group_size, fp8_dtype, scales)."""
+    plan = None if key is None else _plans.get(key)
+    if plan is not None and plain_eps(eps) and plain_offset(offset):
+        inputs = call_inputs(plan, x, residual, weight, out, residual_out, None if fp8 is None else fp8[3])
+        if inputs is not None:
+            return plan, inputs, eps, offset
+    plan, eps, offset = _checked_plan(key, x, residual, weight, eps, offset, out, residual_out, None if fp8 is None else
+                                      dict(zip(("scale", "group_size", "fp8_dtype", "scales"), fp8)))
+    return plan, input_addresses(x, residual, weight), eps, offset
 
 
 def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
@@ -163,12 +164,10 @@ def add_rmsnorm(x: Any, residual: Optional[Any], weight: Optional[Any], eps: flo
         key = rmsnorm_key(x, residual, weight, out, residual_out)
     except AttributeError:  # not a tensor: the full checks say so
         key = None
-    plan = None if key is None else _fast_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
-    if plan is None:
-        plan, eps, weight_offset = _checked_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
+    plan, inputs, eps, weight_offset = _plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
     out = torch.empty_like(x) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
-    plan.run(out, residual_out, x, residual, weight, eps, weight_offset)
+    plan.run(out, residual_out, inputs, eps, weight_offset)
     return out, residual_out
 
 
@@ -194,18 +193,15 @@ def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps:
     except AttributeError:
         key = None
     scales = scale if scale is not None else scales_out
-    plan = None if key is None else _fast_plan(key, x, residual, weight, eps, weight_offset, out, residual_out, scales)
-    if plan is None:
-        plan, eps, weight_offset = _checked_plan(key, x, residual, weight, eps, weight_offset, out, residual_out,
-                                                 {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype,
-                                                  "scales": scales})
+    plan, inputs, eps, weight_offset = _plan(key, x, residual, weight, eps, weight_offset, out, residual_out,
+                                             (scale, group_size, fp8_dtype, scales))
     quant = plan.quant
     if out is None:
         out = torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
     if scales is None:
         scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
-    plan.run(out, residual_out, x, residual, weight, eps, weight_offset, scales)
+    plan.run(out, residual_out, inputs, eps, weight_offset, scales)
     return out, residual_out, scales
 
 
@@ -213,8 +209,6 @@ def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any
                      weight_offset: float = 0.0) -> None:
     """The fallback's epilogue: writes into given outputs (the caller validated the call)."""
     key = rmsnorm_key(x, residual, weight, out, residual_out)
-    plan = _fast_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
-    if plan is None:
-        plan, eps, weight_offset = _checked_plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
-    plan.run(out, residual_out, x, residual, weight, eps, weight_offset)
+    plan, inputs, eps, weight_offset = _plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
+    plan.run(out, residual_out, inputs, eps, weight_offset)
 

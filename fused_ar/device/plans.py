@@ -3,7 +3,7 @@ environment), validated and built once; per call only pointers, alignment, alias
 and only the changing fields of a prebuilt argument buffer are written before one ctypes launch.
 
 A plan never validates: callers run the full checks of fused_ar.device.validate when they build one, and the
-per-call checks each time (`rmsnorm_pointers_ok`, `allreduce_pointers_ok`, `plain_eps`), falling back to the
+per-call checks each time (`rmsnorm_pointers`, `allreduce_pointers_ok`, `plain_eps`), falling back to the
 full checks (which raise the right error) when a per-call check fails.
 """
 
@@ -14,6 +14,7 @@ import math
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+from .. import env
 from ..jit.kernels import Arg, KernelDef, kernel_def
 from .launch import function
 from ..backends import current_runtime
@@ -52,7 +53,7 @@ class ArgBuffer:
 class LaunchPlan:
     """A kernel ready to launch on one device with a fixed grid and the arguments that do not change."""
 
-    __slots__ = ("spec", "device", "grid", "block", "fn", "kdef", "fixed", "launch_raw", "shared_mem", "_local")
+    __slots__ = ("spec", "device", "grid", "block", "fn", "kdef", "fixed", "launch_raw", "shared_mem", "pdl", "_local")
 
     def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], shared_mem: int = 0) -> None:
         self.spec, self.device, self.grid, self.block = spec, device, grid, spec.block
@@ -63,6 +64,7 @@ class LaunchPlan:
         runtime = current_runtime()
         self.fn = ctypes.c_void_p(runtime.function_pointer(function(spec, device)))
         self.launch_raw = runtime.launch_raw
+        self.pdl = bool(env.PDL.get()) and runtime.supports_pdl(spec.arch)
         self._local = threading.local()
 
     def buffer(self) -> ArgBuffer:
@@ -75,7 +77,7 @@ class LaunchPlan:
 
     def launch(self, stream: int, buf: ArgBuffer) -> None:
         if self.grid:
-            self.launch_raw(self.fn, self.grid, self.block, buf.address, stream_arg(stream), self.shared_mem)
+            self.launch_raw(self.fn, self.grid, self.block, buf.address, stream_arg(stream), self.shared_mem, self.pdl)
 
 
 _raw_stream_getter: list[Callable[[int], int]] = []
@@ -104,8 +106,14 @@ def _meta(t: Any) -> Optional[tuple]:
 
 def rmsnorm_key(x: Any, residual: Any, weight: Any, out: Any, residual_out: Any) -> tuple:
     """Everything an add + RMSNorm plan depends on in its tensors (AttributeError for a non-tensor: the
-    caller then runs the full checks, which say what is wrong)."""
-    return (x.shape, x.dtype, x.stride(), x.device, _meta(residual), _meta(weight), _meta(out), _meta(residual_out))
+    caller then runs the full checks, which say what is wrong). Spelled out, not through _meta: this runs on
+    every call and a Python call per tensor is a fifth of it."""
+    return (x.shape, x.dtype, x.stride(), x.device,
+            None if residual is None else (residual.shape, residual.dtype, residual.stride(), residual.device),
+            None if weight is None else (weight.shape, weight.dtype, weight.stride(), weight.device),
+            None if out is None else (out.shape, out.dtype, out.stride(), out.device),
+            None if residual_out is None else (residual_out.shape, residual_out.dtype, residual_out.stride(),
+                                               residual_out.device))
 
 
 def span_bytes(t: Any) -> int:
@@ -120,11 +128,12 @@ def span_bytes(t: Any) -> int:
     return ((rows - 1) * stride + cols) * t.element_size()
 
 
-def rmsnorm_pointers_ok(spans: tuple, align: int, in_place: bool, x: Any, residual: Any, weight: Any, out: Any,
-                        residual_out: Any) -> bool:
-    """Per call: every pointer aligned as the plan's accesses need (`align`), each given output's span
-    disjoint from the inputs' and the other output's, except out at x and residual_out at residual in an
-    in-place plan. Conservative (spans, not rows): what fails here takes the full checks."""
+def rmsnorm_pointers(spans: tuple, align: int, in_place: bool, x: Any, residual: Any, weight: Any, out: Any,
+                     residual_out: Any) -> Optional[tuple[int, int, int]]:
+    """Per call: (x, residual, weight) addresses (0 for None) when every pointer is aligned as the plan's
+    accesses need (`align`) and each given output's span is disjoint from the inputs' and the other output's,
+    except out at x and residual_out at residual in an in-place plan; else None. Conservative (spans, not
+    rows): what fails here takes the full checks. The addresses are read once and handed to the launch."""
     xs, rs, ws, os_, ros = spans
     xp = x.data_ptr()
     rp = -1 if residual is None else residual.data_ptr()
@@ -134,20 +143,26 @@ def rmsnorm_pointers_ok(spans: tuple, align: int, in_place: bool, x: Any, residu
     if out is not None:
         op = out.data_ptr()
         if not (op == xp and in_place) and not (op + os_ <= xp or xp + xs <= op):
-            return False
+            return None
         if not (op + os_ <= rp or rp + rs <= op or rp < 0) or not (op + os_ <= wp or wp + ws <= op or wp < 0):
-            return False
+            return None
         mask |= op
     if residual_out is not None:
         rop = residual_out.data_ptr()
         if not (rop == rp and in_place) and not (rop + ros <= rp or rp + rs <= rop or rp < 0):
-            return False
+            return None
         if not (rop + ros <= xp or xp + xs <= rop) or not (rop + ros <= wp or wp + ws <= rop or wp < 0):
-            return False
+            return None
         if op >= 0 and not (op + os_ <= rop or rop + ros <= op):
-            return False
+            return None
         mask |= rop
-    return not mask % align
+    return None if mask % align else (xp, max(rp, 0), max(wp, 0))
+
+
+def input_addresses(x: Any, residual: Any, weight: Any) -> tuple[int, int, int]:
+    """(x, residual, weight) addresses, 0 for an absent one: what rmsnorm_pointers returns, for a call that took
+    the full checks."""
+    return x.data_ptr(), 0 if residual is None else residual.data_ptr(), 0 if weight is None else weight.data_ptr()
 
 
 def quant_key(scale: Any, group_size: Any, fp8_dtype: Any, scales_out: Any) -> tuple:
@@ -155,22 +170,41 @@ def quant_key(scale: Any, group_size: Any, fp8_dtype: Any, scales_out: Any) -> t
     return _meta(scale), group_size, str(fp8_dtype), _meta(scales_out)
 
 
-def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, reads: tuple, out: Any, scales: Any) -> bool:
+def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[int, int, int], residual_out: Any,
+                    out: Any, scales: Any) -> bool:
     """Per call, for FP8 output: out's FP8 rows aligned to `q_align` bytes, and out's and the scales' spans
-    (q_spans) disjoint from every other operand's (`reads`: x, residual, weight, residual_out; spans in
-    that order as rmsnorm_key's plan recorded them)."""
-    starts = [None if t is None else t.data_ptr() for t in reads]
-    sizes = [spans[0], spans[1], spans[2], spans[4]]
-    mine = [(None if t is None else t.data_ptr(), size) for t, size in zip((out, scales), q_spans)]
-    if mine[0][0] is not None and mine[0][0] % q_align:
-        return False
-    for i, (p, size) in enumerate(mine):
-        if p is None:
-            continue
-        for q, other in list(zip(starts, sizes)) + mine[i + 1:]:
-            if q is not None and not (p + size <= q or q + other <= p):
-                return False
+    (q_spans) disjoint from every other operand's (`inputs`: the x, residual, weight addresses, 0 for an
+    absent one; spans in rmsnorm_key's order as the plan recorded them)."""
+    xp, rp, wp = inputs
+    others = [(xp, spans[0])]
+    if rp:
+        others.append((rp, spans[1]))
+    if wp:
+        others.append((wp, spans[2]))
+    if residual_out is not None:
+        others.append((residual_out.data_ptr(), spans[4]))
+    if out is not None:
+        op, size = out.data_ptr(), q_spans[0]
+        if op % q_align or any(not (op + size <= q or q + other <= op) for q, other in others):
+            return False
+        others.append((op, size))
+    if scales is not None:
+        sp, size = scales.data_ptr(), q_spans[1]
+        if any(not (sp + size <= q or q + other <= sp) for q, other in others):
+            return False
     return True
+
+
+def call_inputs(plan: Any, x: Any, residual: Any, weight: Any, out: Any, residual_out: Any,
+                scales: Any) -> Optional[tuple[int, int, int]]:
+    """Every per-call pointer check of an add + RMSNorm plan (its spans, align, in_place; for FP8 output its
+    quant, q_spans, q_align): the (x, residual, weight) addresses when all pass, else None."""
+    if plan.quant is None:
+        return rmsnorm_pointers(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
+    inputs = rmsnorm_pointers(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out)
+    if inputs is None or not fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, inputs, residual_out, out, scales):
+        return None
+    return inputs
 
 
 def allreduce_key(x: Any, out: Any) -> tuple:

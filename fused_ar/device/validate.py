@@ -20,6 +20,8 @@ INT32_MAX = 2**31 - 1
 
 @dataclass(frozen=True)
 class RowsShape:
+    """A tensor seen as rows: its dtype, row count, row length and row stride."""
+
     dtype: DType
     rows: int
     cols: int

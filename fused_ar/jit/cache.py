@@ -117,6 +117,8 @@ def _sidecar(key: str, kernel: CompiledKernel, spec: KernelSpec) -> bytes:
 
 @dataclass(frozen=True)
 class Lookup:
+    """What KernelCache.get found or built for one spec: the kernel, its key, how it came (Status), how long."""
+
     kernel: CompiledKernel
     key: str
     status: Status

@@ -21,6 +21,8 @@ from .spec import Platform
 
 @dataclass(frozen=True)
 class CompiledKernel:
+    """A compiled code object with what its cache entry records beside it."""
+
     code: bytes                 # CUBIN (NVIDIA) or HSA code object (AMD)
     lowered_names: dict[str, str]  # name expression -> symbol in the code object
     log: str

@@ -25,6 +25,8 @@ class Arg(Enum):
 
 @dataclass(frozen=True)
 class KernelDef:
+    """One op's kernel: its template, C parameters, the group sizes and blocks it is built for, its constants."""
+
     op: Op
     template: str
     params: tuple[tuple[str, Arg], ...]

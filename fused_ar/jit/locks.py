@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
@@ -35,7 +34,7 @@ class LockDir:
             try:
                 trust.make_parents(self.root.parent, 0o700)
                 with trust.opened_dir(self.root, create=True, mode=0o700) as fd:
-                    probe = f".probe-{os.getpid()}-{secrets.token_hex(4)}"
+                    probe = f".probe-{os.getpid()}-{os.urandom(4).hex()}"
                     os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
                     os.unlink(probe, dir_fd=fd)
             except (OSError, CacheTrustError) as exc:

@@ -29,6 +29,8 @@ def kernels_src_dir() -> Path:
 
 @dataclass(frozen=True)
 class Source:
+    """A spec's rendered source text (headers inlined, constants on top)."""
+
     spec: KernelSpec
     text: str
 

@@ -87,11 +87,25 @@ class Runtime(ABC):
     def status_name(self, status: int) -> str:
         """The driver's name for a status code (CUDA_ERROR_..., hipError...)."""
 
+    def supports_pdl(self, arch: str) -> bool:
+        """Whether kernels for `arch` can be launched with programmatic dependent launch (start while the
+        previous kernel on the stream finishes; the kernels wait for it before touching memory)."""
+        return False
+
+    def launch_pdl(self, fn: ctypes.c_void_p, grid: int, block: int, params: ctypes.c_void_p,
+                   stream: Optional[ctypes.c_void_p], shared_mem: int) -> int:
+        """launch_raw with programmatic dependent launch: the driver's status. Only where supports_pdl."""
+        raise NotImplementedError(f"{type(self).__name__} has no programmatic dependent launch")
+
     def launch_raw(self, fn: ctypes.c_void_p, grid: int, block: int, params: ctypes.c_void_p,
-                   stream: Optional[ctypes.c_void_p], shared_mem: int = 0) -> None:
+                   stream: Optional[ctypes.c_void_p], shared_mem: int = 0, pdl: bool = False) -> None:
         """One launch: `fn` the C function handle, `params` the address of a void* array of argument
-        addresses, `stream` from stream_arg (None: the legacy default stream)."""
-        status = self.c_launch(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None)
+        addresses, `stream` from stream_arg (None: the legacy default stream); `pdl` (where supports_pdl):
+        with programmatic dependent launch."""
+        if pdl:
+            status = self.launch_pdl(fn, grid, block, params, stream, shared_mem)
+        else:
+            status = self.c_launch(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None)
         if status:
             raise DeviceError(f"kernel launch (grid {grid}, block {block}) failed: {self.status_name(status)}")
 

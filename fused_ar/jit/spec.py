@@ -88,11 +88,16 @@ class Fp8Format(str, Enum):
         return f"float8_{self.value}"
 
 
+def sm_version(arch: str) -> int:
+    """An NVIDIA arch's number (sm_90a -> 90), 0 for any other arch."""
+    return int(arch.removeprefix("sm_").rstrip("af")) if platform_of_arch(arch) is Platform.CUDA else 0
+
+
 def fp8_in_hardware(arch: str, fmt: Fp8Format) -> bool:
     """Whether `arch` converts to `fmt` with an instruction (sm_89+ E4M3FN: cvt.rn.satfinite; gfx942 E4M3FNUZ
     and gfx950 E4M3FN: v_cvt_pk_fp8_f32); elsewhere the kernels round in software to the same bits."""
     if platform_of_arch(arch) is Platform.CUDA:
-        return fmt is Fp8Format.E4M3FN and int(arch.removeprefix("sm_").rstrip("af")) >= 89
+        return fmt is Fp8Format.E4M3FN and sm_version(arch) >= 89
     target = arch.split(":")[0]
     return (target, fmt) in (("gfx942", Fp8Format.E4M3FNUZ), ("gfx950", Fp8Format.E4M3FN))
 
@@ -146,6 +151,8 @@ def platform_of_arch(arch: str) -> Platform:
 
 @dataclass(frozen=True)
 class KernelSpec:
+    """What to build: a frozen, hashable value; everything that shapes a kernel's bytes besides the source."""
+
     op: Op
     dtype: DType
     arch: str

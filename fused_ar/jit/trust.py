@@ -16,7 +16,6 @@ import errno
 import json
 import logging
 import os
-import secrets
 import stat
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -260,7 +259,7 @@ def json_in(root: Path, parts: Sequence[str], max_bytes: int, owners: Optional[C
 def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
     """Replaces `name` in `dir_fd` atomically: an exclusive, never-followed temp file in the same directory,
     fsynced, renamed over `name`, the directory fsynced. Raises OSError; leaves no temp file behind."""
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
     try:
         try:

@@ -28,6 +28,8 @@ _WATCH_PERIOD_S = 0.2
 
 @dataclass(frozen=True)
 class Result:
+    """One spec's outcome in a warm run."""
+
     spec: KernelSpec
     status: str  # built | cached | failed
     seconds: float

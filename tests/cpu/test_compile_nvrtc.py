@@ -55,6 +55,29 @@ def test_compiles_to_sass_with_wide_accesses(spec):
         assert "SHFL.BFLY" in sass  # the shared wave reduction
     if spec.quant.value != "none" and spec.fp8.value == "e4m3fn":
         assert "F2FP.SATFINITE.E4M3" in sass, "the E4M3FN conversion is not cvt.rn.satfinite"
+    _waits_before_memory(sass)
+
+
+# Global, generic and constant-bank-free memory instructions of sm_90 SASS (loads, stores, atomics, reductions).
+_MEMORY = re.compile(r"\b(LDG|STG|LD|ST|ATOMG|ATOM|RED|ATOMS|LDS|STS)\b")
+
+
+def _waits_before_memory(sass: str) -> None:
+    """Programmatic dependent launch: griddepcontrol.wait (ACQBULK) comes before the kernel's first memory
+    instruction, then launch_dependents (PREEXIT), so a kernel launched while its predecessor finishes reads
+    and writes nothing before that predecessor is done."""
+    body = sass[sass.index("Function :"):]
+    first_memory = _MEMORY.search(body)
+    wait, release = body.find("ACQBULK"), body.find("PREEXIT")
+    assert wait >= 0 and release > wait, "no griddepcontrol.wait / launch_dependents"
+    assert first_memory is None or wait < first_memory.start(), f"{first_memory.group()} before the wait"
+
+
+def test_wait_check_fails_on_a_load_before_the_wait():
+    sass = "Function : k\n /*0000*/ LDG.E.128 R4, desc[UR4][R2.64] ;\n /*0010*/ ACQBULK ;\n /*0020*/ PREEXIT ;"
+    with pytest.raises(AssertionError, match="LDG before the wait"):
+        _waits_before_memory(sass)
+    _waits_before_memory(sass.replace("LDG.E.128 R4, desc[UR4][R2.64]", "MOV R1, c[0x0][0x28]"))
 
 
 def test_compile_error_carries_spec_options_and_log():

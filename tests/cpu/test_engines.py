@@ -21,20 +21,11 @@ from fused_ar.integrations.sglang import SglangCustomAllreduce
 from fused_ar.integrations.vllm import VllmCustomAllreduce
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINES = REPO / ".venv" / "engines"
 
 
 @pytest.fixture(scope="module")
-def site(request) -> Path:
-    unreachable = ENGINES / "unreachable"
-    if unreachable.is_file():
-        pytest.skip(f"the engines' modules could not be downloaded: {unreachable.read_text().strip()}")
-    if not (ENGINES / "site" / "vllm").is_dir() or not (ENGINES / "site" / "sglang").is_dir():
-        message = "vLLM's and SGLang's modules are not unpacked: run bash scripts/engines.sh"
-        if request.config.getoption("--require-engines"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return ENGINES / "site"
+def site(engines_site: Path) -> Path:
+    return engines_site
 
 
 def run(site: Path, code: str, tmp_path: Path, plugin: str = "1", **env: str) -> str:

@@ -10,6 +10,7 @@ import, on the first call of a serving process), and the per-call functions crea
 from __future__ import annotations
 
 import ctypes
+import threading
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any, Iterator, Optional
@@ -17,7 +18,7 @@ from typing import Any, Iterator, Optional
 from ...jit.compiler import CompiledKernel
 from ...errors import DeviceError
 from ...jit.runtime import Runtime, c_function, stream_arg
-from ...jit.spec import Platform
+from ...jit.spec import Platform, sm_version
 
 
 IPC_HANDLE_BYTES = 64  # CU_IPC_HANDLE_SIZE
@@ -36,6 +37,25 @@ class _Memcpy2D(ctypes.Structure):
                 ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
                 ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t), ("WidthInBytes", ctypes.c_size_t),
                 ("Height", ctypes.c_size_t)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute of cuda.h: the attribute's id, padding, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig of cuda.h, field for field."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+PDL_MIN_SM = 90  # griddepcontrol (the kernels' wait and release) is sm_90's
 
 
 class _IpcHandle(ctypes.Structure):
@@ -85,6 +105,7 @@ class CudaRuntime(Runtime):
     def __init__(self) -> None:
         self._libraries: dict[bytes, Any] = {}  # code -> CUlibrary, kept alive (with its code) for the process
         self._contexts: dict[int, ctypes.c_void_p] = {}  # device -> retained primary context (torch's)
+        self._pdl_configs = threading.local()  # (grid, block, shared memory) -> this thread's CUlaunchConfig
         self._call("cuInit", 0)
 
     @cached_property
@@ -147,6 +168,25 @@ class CudaRuntime(Runtime):
     @cached_property
     def c_launch(self) -> Any:
         return c_function(self._libcuda, "cuLaunchKernel", None)
+
+    @cached_property
+    def _c_launch_ex(self) -> Optional[Any]:
+        # CUDA 12's; an older driver launches every kernel without PDL
+        return c_function(self._libcuda, "cuLaunchKernelEx", None) if hasattr(self._libcuda, "cuLaunchKernelEx") else None
+
+    def supports_pdl(self, arch: str) -> bool:
+        return sm_version(arch) >= PDL_MIN_SM and self._c_launch_ex is not None
+
+    def launch_pdl(self, fn: ctypes.c_void_p, grid: int, block: int, params: ctypes.c_void_p,
+                   stream: Optional[ctypes.c_void_p], shared_mem: int) -> int:
+        configs = self._pdl_configs.__dict__
+        found = configs.get((grid, block, shared_mem))
+        if found is None:  # one per shape and thread: a launch writes only the stream into it
+            attr = _LaunchAttribute(id=_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+            config = _LaunchConfig(grid, 1, 1, block, 1, 1, shared_mem, None, ctypes.pointer(attr), 1)
+            found = configs[(grid, block, shared_mem)] = (config, ctypes.c_void_p(ctypes.addressof(config)), attr)
+        found[0].hStream = stream
+        return self._c_launch_ex(found[1], fn, params, None)
 
     @cached_property
     def _c_copy(self) -> Any:
