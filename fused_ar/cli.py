@@ -19,6 +19,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 from ._version import __version__
 from .errors import FusedArError
 from .jit.spec import BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op, platform_of_arch
+from .jit.kernels import CROSS_GPU_NGPUS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -519,7 +520,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 BENCH_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BENCH_HIDDEN = (4096, 7168, 8192)
-CROSS_GPU_SIZES = tuple(n for n in SUPPORTED_NGPUS if n > 1)
 
 
 # -- parser -------------------------------------------------------------------------------------------
@@ -591,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the fused all-reduce + residual add + RMSNorm over every group size and m "
                                    "given, check each result against the torch reference and print a latency "
                                    "table. With fewer GPUs than a group, its ranks run in one process on GPU 0.")
-    p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8],
+    p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_NGPUS))), default=[2, 4, 8],
                    help="group sizes to emulate on one GPU")
     p.add_argument("--m", type=_type("m", _sizes), default=[1, 16, 128, 1024], help="rows (tokens)")
     p.add_argument("--n", type=_type("n", _at_least_one), default=8192, help="hidden size")
@@ -609,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 8192), --tp and --dtype; fp8: the fused FP8 output against torch's quantization "
                         "after ours, at --tp, --m (default 1,16,128,1024), --hidden (default 4096,8192); startup: "
                         "first calls in fresh processes against torch's, --replays processes each (at most 9))")
-    p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_SIZES))), default=[2, 4, 8], help="group sizes")
+    p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_NGPUS))), default=[2, 4, 8], help="group sizes")
     p.add_argument("--m", type=_type("m", _sizes), default=None,
                    help=f"rows: a list and/or ranges, e.g. 1,2,4 or 1..1024 (doubling) or 64..512:64 (default "
                         f"{','.join(map(str, BENCH_M))})")

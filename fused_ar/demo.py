@@ -137,6 +137,7 @@ def run_demo(args: argparse.Namespace) -> int:
     import torch
 
     from .device.validate import require_gpu
+    from .jit.kernels import CROSS_GPU_NGPUS
 
     require_gpu("python -m fused_ar demo")
     gpus = torch.cuda.device_count()
@@ -144,7 +145,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if gpus >= 2:
         import torch.multiprocessing as mp
 
-        world = max(w for w in (2, 4, 6, 8) if w <= gpus)
+        world = min(gpus, max(CROSS_GPU_NGPUS))
         with tempfile.TemporaryDirectory() as tmp:
             out_file = os.path.join(tmp, "rows.json")
             mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args.m, args.n, out_file), nprocs=world)

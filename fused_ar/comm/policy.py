@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 
 from .. import env
 from ..errors import InputError
+from ..jit.kernels import CROSS_GPU_NGPUS
 from ..jit.spec import Platform
 from .thresholds import SizeRule
 
@@ -26,19 +27,16 @@ class Path(str, Enum):
 
 
 # Largest input (bytes per rank) that takes the one-stage kernels; above it, two-stage.
+# MI355X, aiter #3458 (the seed's selection thresholds): TP2 896 KiB, TP4 448 KiB, TP8 224 KiB, i.e. 1792 KiB / N
+# in whole KiB; the sizes the field has not measured (3, 5, 6, 7) follow the same 1/N rule (the one-stage
+# kernel reads N inputs per rank, so its cost grows with N while the two-stage kernel's stays flat).
+_HIP_ONE_STAGE_KIB_TIMES_N = 1792
+# H100, TensorRT-LLM / vLLM: one-shot up to 32 tokens of 8192 bf16 (512 KiB) at TP8; the same bound is kept
+# for every other size until bench measures ours (--write-thresholds stores what it measures).
+_CUDA_ONE_STAGE_BYTES = 512 * KiB
 ONE_STAGE_MAX_BYTES: dict[tuple[Platform, int], int] = {
-    # MI355X, aiter #3458 (the seed's selection thresholds): TP2 896 KiB, TP4 448 KiB, TP8 224 KiB.
-    (Platform.HIP, 2): 896 * KiB,
-    (Platform.HIP, 4): 448 * KiB,
-    (Platform.HIP, 8): 224 * KiB,
-    # TP6 is not measured in the field: the TP4/TP8 numbers scale as 1/N, so 448 * 4 / 6.
-    (Platform.HIP, 6): 298 * KiB,
-    # H100, TensorRT-LLM / vLLM: one-shot up to 32 tokens of 8192 bf16 (512 KiB) at TP8; the same bound
-    # is kept for smaller TP until bench measures ours (issue: benchmark suite, --write-thresholds).
-    (Platform.CUDA, 2): 512 * KiB,
-    (Platform.CUDA, 4): 512 * KiB,
-    (Platform.CUDA, 6): 512 * KiB,
-    (Platform.CUDA, 8): 512 * KiB,
+    **{(Platform.HIP, n): _HIP_ONE_STAGE_KIB_TIMES_N // n * KiB for n in CROSS_GPU_NGPUS},
+    **{(Platform.CUDA, n): _CUDA_ONE_STAGE_BYTES for n in CROSS_GPU_NGPUS},
 }
 
 

@@ -131,7 +131,7 @@ class Op(str, Enum):
 _CUDA_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
 _HIP_ARCH = re.compile(r"gfx[0-9a-f]{3,4}(:[a-z0-9_]+[+-])*")
 
-SUPPORTED_NGPUS = (1, 2, 4, 6, 8)
+SUPPORTED_NGPUS = (1, 2, 3, 4, 5, 6, 7, 8)  # 1: the local add_rmsnorm; the rest: group sizes
 BLOCK_SIZES = (64, 128, 256, 512, 1024)
 # Bytes per thread access; 2 (one 16-bit element) serves add_rmsnorm rows whose starts are not aligned.
 PACK_SIZES = (2, 4, 8, 16)

@@ -15,9 +15,9 @@ from fused_ar.backends import compiler_for
 from fused_ar.errors import CompileError
 from fused_ar.jit.kernels import check_specs, warm_matrix
 from fused_ar.jit.render import Source, render
-from fused_ar.jit.spec import DType, KernelSpec
+from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec
 
-SPECS = warm_matrix(["sm_90"], list(DType), [1, 2, 4, 6, 8]) + check_specs("sm_90")
+SPECS = warm_matrix(["sm_90"], list(DType), SUPPORTED_NGPUS) + check_specs("sm_90")
 
 
 def _cuobjdump() -> str:

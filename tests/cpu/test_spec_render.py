@@ -21,7 +21,7 @@ def test_spec_is_hashable_and_normalizes_strings():
         a.block = 512  # frozen
 
 
-@pytest.mark.parametrize("field,value", [("pack", 3), ("pack", 32), ("ngpus", 3), ("ngpus", 16), ("block", 96),
+@pytest.mark.parametrize("field,value", [("pack", 3), ("pack", 32), ("ngpus", 9), ("ngpus", 0), ("ngpus", 16), ("block", 96),
                                          ("block", 2048), ("arch", "compute_90"), ("arch", "gfx9x"), ("dtype", "int8")])
 def test_spec_rejects_bad_values_by_name(field, value):
     kwargs = dict(op="add_rmsnorm", dtype="bf16", arch="sm_90")

@@ -31,7 +31,7 @@ def emulated_group(ngpus: int, max_bytes: int):
         c.close()
 
 
-@pytest.fixture(scope="module", params=[2, 4, 8], ids=lambda n: f"N{n}")
+@pytest.fixture(scope="module", params=[2, 3, 4, 5, 7, 8], ids=lambda n: f"N{n}")
 def group(request):
     yield from emulated_group(request.param, MAX_BYTES)
 
@@ -222,6 +222,6 @@ def _mp_worker(rank, world, init_file, result_dir):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_processes_sharing_the_gpu(tmp_path, world):
     spawn_ranks(_mp_worker, world, tmp_path)

@@ -104,7 +104,7 @@ def test_bad_fp8_input_is_refused():
             fused_ar.add_rmsnorm_fp8(x, x, None, **kwargs)
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"N{n}")
+@pytest.fixture(scope="module", params=[2, 3, 4, 5], ids=lambda n: f"N{n}")
 def group(request):
     yield from emulated_group(request.param, 1000 * 7168 * 4)
 

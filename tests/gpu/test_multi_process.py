@@ -147,7 +147,7 @@ def _worker(rank, world, init_file, result_dir, what):
 
 
 @pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch"])
-@pytest.mark.parametrize("world", [2, 4, 8], ids=lambda w: f"TP{w}")
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8], ids=lambda w: f"TP{w}")
 def test_one_process_per_rank(tmp_path, monkeypatch, world, what):
     gpus = torch.cuda.device_count()
     if gpus < world and (world > 4 or what == "paths" and world > 2):

@@ -36,7 +36,7 @@ def close(group):
         c.close()
 
 
-@pytest.mark.parametrize("n_ranks", [2, 4, 8])
+@pytest.mark.parametrize("n_ranks", [2, 3, 4, 7, 8])
 def test_graphs_of_three_batch_sizes_replay_bit_exact(n_ranks):
     group = local(n_ranks)
     comms, streams = group
