@@ -15,7 +15,7 @@ import math
 import os
 import socket
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .. import env
 from ..errors import FusedArError, InputError, UnsupportedShapeError
@@ -25,7 +25,7 @@ from ..jit.kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from ..device.launch import arch_of, function, preload, spec_for
 from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, input_addresses, is_capturing,
-                            nbytes, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
+                            plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
@@ -373,16 +373,28 @@ class Communicator:
             return out, residual_out, scales
         if plan.rows:
             stream = raw_stream(self.device)
-            buf = plan.buffer()
-            v = buf.values
-            xp, v.residual, v.weight = inputs
-            op = v.out = out.data_ptr()
-            v.residual_out = residual_out.data_ptr()
+            xp, rp, wp = inputs
+            op, rop = out.data_ptr(), residual_out.data_ptr()
+            sp = 0 if scales is None else scales.data_ptr()
             # out at x: peers may still read x in place (a captured call) while this rank writes out: stage it
-            v.peers = self._peer_table(xp, plan, stream, stage=plan.stage_x or op == xp)
-            v.scales = 0 if scales is None else scales.data_ptr()
-            v.eps, v.weight_offset = eps, offset
-            plan.launch(stream, buf)
+            stage = plan.stage_x or op == xp
+            if plan.chunks is None:
+                buf = plan.buffer()
+                v = buf.values
+                v.residual, v.weight, v.out, v.residual_out, v.scales = rp, wp, op, rop, sp
+                v.peers = self._peer_table(xp, plan, stream, stage)
+                v.eps, v.weight_offset = eps, offset
+                plan.launch(stream, buf)
+            else:
+                px, pr, po, pro, ps = plan.pitches
+                for lo, sub in plan.chunks:
+                    buf = sub.buffer()
+                    v = buf.values
+                    v.residual, v.weight = rp and rp + lo * pr, wp
+                    v.out, v.residual_out, v.scales = op + lo * po, rop + lo * pro, sp and sp + lo * ps
+                    v.peers = self._peer_table(xp + lo * px, sub, stream, stage)
+                    v.eps, v.weight_offset = eps, offset
+                    sub.launch(stream, buf)
         return out, residual_out, scales
 
     def allreduce(self, x: Any, *, path: str = "auto", out: Optional[Any] = None) -> Any:
@@ -402,11 +414,13 @@ class Communicator:
         if plan.fallback:
             return self._fallback_allreduce(x, out)
         stream = raw_stream(self.device)
-        buf = plan.buffer()
         xp, op = x.data_ptr(), out.data_ptr()
-        buf.values.peers = self._peer_table(xp, plan, stream, stage=op == xp)
-        buf.values.out = op
-        plan.launch(stream, buf)
+        size = plan.pitches[0]
+        for lo, sub in plan.chunks or ((0, plan),):
+            buf = sub.buffer()
+            buf.values.peers = self._peer_table(xp + lo * size, sub, stream, stage=op == xp)
+            buf.values.out = op + lo * size
+            sub.launch(stream, buf)
         return out
 
     def _checked_fused(self, key: Optional[tuple], x: Any, residual: Any, weight: Any, eps: Any, offset: Any,
@@ -436,7 +450,12 @@ class Communicator:
         if unsupported is None and q_layout is not None and (out.data_ptr() % per_access or q_layout.row_stride % per_access):
             unsupported = (f"out has FP8 rows at address {out.data_ptr():#x} with stride {q_layout.row_stride}: the "
                            f"cross-GPU kernels need them {per_access}-byte aligned")
-        chosen = self._choose(path, x, unsupported, self.size_rule(call.x.dtype, cols))
+        row_bytes = cols * call.x.dtype.itemsize
+        if unsupported is None and rows and row_bytes > self.max_bytes:
+            unsupported = (f"a row of x has {row_bytes} bytes (n={cols}, {call.x.dtype.value}), over this "
+                           f"communicator's max_bytes={self.max_bytes}: each launch stages whole rows")
+        chunk_rows = min(rows, self.max_bytes // row_bytes) if row_bytes else rows
+        chosen = self._choose(path, x, unsupported, chunk_rows * row_bytes, self.size_rule(call.x.dtype, cols))
         in_place = residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr()
         tensors = (x, residual, weight, out if fp8 is None else None, residual_out)
         q_tensors = () if fp8 is None else (out, fp8["scales"])
@@ -454,9 +473,21 @@ class Communicator:
                 if quant is not None and quant.kind is not Quant.STATIC:
                     groups = cols // quant.group if quant.kind is Quant.GROUP else 1
                     fixed.update(group=quant.group, scales_stride=groups)
-                plan = CallPlan(spec, self.device, min(rows, self._grid_cap(spec)), fixed, tensors, rows, in_place,
-                                quant, q_tensors, shared_mem=4 * groups if quant is not None and
-                                quant.kind is Quant.GROUP else 0)
+                cap = self._grid_cap(spec)
+                x_pitch = call.x.row_stride * call.x.dtype.itemsize
+
+                def part(n: int) -> CallPlan:
+                    return CallPlan(spec, self.device, min(n, cap), {**fixed, "rows": n}, tensors, n, in_place, quant,
+                                    q_tensors, shared_mem=4 * groups if quant is not None and
+                                    quant.kind is Quant.GROUP else 0, x_layout=(n, row_bytes, x_pitch))
+                if chunk_rows >= rows:
+                    plan = part(rows)
+                else:
+                    pitches = (x_pitch, (call.residual_stride or 0) * call.x.dtype.itemsize,
+                               fixed["out_stride"] * (1 if quant is not None else call.x.dtype.itemsize),
+                               fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * groups)
+                    plan = CallPlan.chunked_plan(tensors, rows, in_place, quant, q_tensors,
+                                                 _chunks(rows, chunk_rows, part), pitches)
             plan.stage_x = call.x.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
             if unsupported is None and key is not None:  # an unaligned call must come back here each time
                 self._plans[key] = plan
@@ -475,19 +506,32 @@ class Communicator:
         unsupported = None
         if x.numel():
             unsupported = cross_gpu_limit(flat.numel(), DType.parse(x.dtype), {"x": flat, "out": out})
-        chosen = self._choose(path, x, unsupported)
+        size = x.element_size()
+        # Chunks of whole 16-byte packs, as many as the staging buffer holds (its size is max_bytes rounded up
+        # to a pack, so at least one)
+        chunk = max(1, self.max_bytes // DEFAULT_PACK) * DEFAULT_PACK // size
+        chosen = self._choose(path, x, unsupported, min(x.numel(), chunk) * size)
         key = (allreduce_key(x, out), path, env.raw_values(_OVERRIDES))
         if chosen is Path.FALLBACK or not x.numel():
             plan = CallPlan.fallback_plan((x, out), x.numel())
         else:
-            packs = nbytes(x) // DEFAULT_PACK
             op = ALLREDUCE_2STAGE.op if chosen is Path.TWO_STAGE else ALLREDUCE_1STAGE.op
             spec = spec_for(op, DType.parse(x.dtype), self.device, PLAIN_BLOCK, self.world_size)
-            work = math.ceil(packs / self.world_size) if chosen is Path.TWO_STAGE else packs
             cols = x.shape[-1] if x.dim() else 1
-            plan = CallPlan(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), self._grid_cap(spec)),
-                            {"rank": self.rank, "packs": packs, "rows": x.numel() // cols, "cols": cols,
-                             "timeout_ns": self._timeout_ns}, (x, out), x.numel())
+            cap = self._grid_cap(spec)
+
+            def part(n: int) -> CallPlan:  # n elements, whole packs
+                packs = n * size // DEFAULT_PACK
+                work = math.ceil(packs / self.world_size) if chosen is Path.TWO_STAGE else packs
+                # rows, cols: x's shape in every chunk's descriptor (the same on every rank)
+                return CallPlan(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), cap),
+                                {"rank": self.rank, "packs": packs, "rows": x.numel() // cols, "cols": cols,
+                                 "timeout_ns": self._timeout_ns}, (x, out), n, x_layout=(1, n * size, n * size))
+            if chunk >= x.numel():
+                plan = part(x.numel())
+            else:
+                plan = CallPlan.chunked_plan((x, out), x.numel(), False, None, (), _chunks(x.numel(), chunk, part),
+                                             (size, 0, size, 0, 0))
         if unsupported is None:
             self._plans[key] = plan
         return plan
@@ -514,19 +558,16 @@ class Communicator:
             self._size_rules[(dtype, hidden)] = rule
         return rule
 
-    def _choose(self, path: str, x: Any, unsupported: Optional[str], rule: SizeRule = SizeRule()) -> Path:
-        nbytes = x.numel() * x.element_size()
-        chosen, why = choose_path(path, self._runtime.platform, self.world_size, nbytes, self.max_bytes,
-                                  group_reason=self._fallback_reason, unsupported=unsupported, rule=rule,
+    def _choose(self, path: str, x: Any, unsupported: Optional[str], launch_bytes: int,
+                rule: SizeRule = SizeRule()) -> Path:
+        chosen, why = choose_path(path, self._runtime.platform, self.world_size, x.numel() * x.element_size(),
+                                  launch_bytes, group_reason=self._fallback_reason, unsupported=unsupported, rule=rule,
                                   can_fall_back=self._device_group is not None)
         if chosen is not Path.FALLBACK:
             return chosen
         if self._device_group is None:  # a local group, or fallback=False: nothing to fall back on
             if unsupported is not None:
                 raise UnsupportedShapeError(unsupported)
-            if nbytes > self.max_bytes:
-                raise InputError(f"x has {nbytes} bytes ({tuple(x.shape)} {x.dtype}), over this communicator's "
-                                 f"max_bytes={self.max_bytes}; create it with a larger max_bytes")
             if self._fallback_reason is not None:
                 raise UnsupportedShapeError(f"the IPC kernels cannot serve this group: {self._fallback_reason}")
             raise InputError(f"path={path!r}: this communicator has no device group to fall back on (a local "
@@ -582,3 +623,13 @@ class Communicator:
             cap = max(1, min(MAX_BLOCKS, per_sm * sms // share))
             self._grid_caps[spec] = cap
         return cap
+
+
+def _chunks(total: int, per: int, part: Callable[[int], CallPlan]) -> tuple[tuple[int, CallPlan], ...]:
+    """(first item, plan) of each launch of a call of `total` items (rows, or elements of a flat all-reduce)
+    in launches of at most `per`: one plan serves every full chunk, a second the shorter last one."""
+    full = part(per)
+    chunks = [(lo, full) for lo in range(0, total - total % per, per)]
+    if total % per:
+        chunks.append((total - total % per, part(total % per)))
+    return tuple(chunks)

@@ -81,20 +81,19 @@ def use_two_stage(path: Union[str, Path], platform: Platform, ngpus: int, nbytes
     return nbytes > one_stage_max_bytes(platform, ngpus, rule)
 
 
-def choose_path(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int, max_bytes: int, *,
-                group_reason: Optional[str] = None, unsupported: Optional[str] = None,
+def choose_path(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: int, launch_bytes: Optional[int] = None,
+                *, group_reason: Optional[str] = None, unsupported: Optional[str] = None,
                 rule: SizeRule = SizeRule(), can_fall_back: bool = True) -> tuple[Path, Optional[str]]:
     """(path, why it is the fallback or None). The fallback serves what the kernels cannot: a group the IPC
     kernels cannot span (`group_reason`: several nodes, no working peer access), a shape they do not take
-    (`unsupported`), an input over the registered buffer; and `path='fallback'` asks for it. On `auto`, an
-    input at or over the measured fallback size (`rule`, where `can_fall_back`) takes it too, unless
-    FUSED_AR_1STAGE names a kernel. A forced 1stage/2stage is kept otherwise."""
+    (`unsupported`); and `path='fallback'` asks for it. On `auto`, an input of `nbytes` at or over the measured
+    fallback size (`rule`, where `can_fall_back`) takes it too, unless FUSED_AR_1STAGE names a kernel, and the
+    kernel follows the bytes of one launch (`launch_bytes`: an input over the communicator's buffer runs in
+    chunks of at most that many; default `nbytes`). A forced 1stage/2stage is kept otherwise."""
     path = parse_path(path)
     if path is Path.FALLBACK:
         return path, "path='fallback' was asked for"
     why = group_reason or unsupported
-    if why is None and nbytes > max_bytes:
-        why = f"x has {nbytes} bytes, over this communicator's max_bytes={max_bytes}"
     if why is None and path is Path.AUTO and can_fall_back and env.ONE_STAGE.get() is None:
         from_bytes = fallback_min_bytes(rule)
         if from_bytes is not None and nbytes >= from_bytes:
@@ -103,7 +102,8 @@ def choose_path(path: Union[str, Path], platform: Platform, ngpus: int, nbytes: 
     if why is not None:
         return Path.FALLBACK, why
     if path is Path.AUTO:
-        path = Path.TWO_STAGE if use_two_stage(path, platform, ngpus, nbytes, rule) else Path.ONE_STAGE
+        launch = nbytes if launch_bytes is None else launch_bytes
+        path = Path.TWO_STAGE if use_two_stage(path, platform, ngpus, launch, rule) else Path.ONE_STAGE
     return path, None
 
 

@@ -234,23 +234,36 @@ def nbytes(t: Any) -> int:
 
 
 class CallPlan(LaunchPlan):
-    """A communicator call's plan: a kernel launch, or the fallback (`fallback`, no kernel). `tensors` are
-    the call's operands (rmsnorm: x, residual, weight, out, residual_out; all-reduce: x, out; None where
-    absent): their byte spans serve the per-call pointer checks, x's layout the staging copy."""
+    """A communicator call's plan: a kernel launch, launches in chunks (`chunks`), or the fallback (`fallback`,
+    no kernel). `tensors` are the call's operands (rmsnorm: x, residual, weight, out, residual_out; all-reduce:
+    x, out; None where absent): their byte spans serve the per-call pointer checks, x's layout the staging
+    copy (`x_layout` gives a chunk's own)."""
 
     __slots__ = ("fallback", "rows", "spans", "x_bytes", "align", "in_place", "stage_x", "x_layout", "quant",
-                 "q_spans", "q_align")
+                 "q_spans", "q_align", "chunks", "pitches")
 
     def __init__(self, spec: KernelSpec, device: int, grid: int, fixed: dict[str, Any], tensors: Sequence[Any],
                  rows: int, in_place: bool = False, quant: Any = None, q_tensors: Sequence[Any] = (),
-                 shared_mem: int = 0) -> None:
+                 shared_mem: int = 0, x_layout: Optional[tuple[int, int, int]] = None) -> None:
         super().__init__(spec, device, grid, fixed, shared_mem)
         self._describe(tensors, rows, fallback=False, in_place=in_place, quant=quant, q_tensors=q_tensors)
+        if x_layout is not None:
+            self.x_layout = x_layout
 
     @classmethod
     def fallback_plan(cls, tensors: Sequence[Any], rows: int, quant: Any = None, q_tensors: Sequence[Any] = ()) -> "CallPlan":
         plan = cls.__new__(cls)
         plan._describe(tensors, rows, fallback=True, in_place=True, quant=quant, q_tensors=q_tensors)
+        return plan
+
+    @classmethod
+    def chunked_plan(cls, tensors: Sequence[Any], rows: int, in_place: bool, quant: Any, q_tensors: Sequence[Any],
+                     chunks: tuple[tuple[int, "CallPlan"], ...], pitches: tuple[int, int, int, int, int]) -> "CallPlan":
+        """A call over more than the staging buffer holds: `chunks` are (first row, plan) launched in order;
+        `pitches` the bytes from one row to the next of x, residual, out, residual_out and the scales."""
+        plan = cls.__new__(cls)
+        plan._describe(tensors, rows, fallback=False, in_place=in_place, quant=quant, q_tensors=q_tensors)
+        plan.chunks, plan.pitches = chunks, pitches
         return plan
 
     def _describe(self, tensors: Sequence[Any], rows: int, *, fallback: bool, in_place: bool, quant: Any,
@@ -268,3 +281,5 @@ class CallPlan(LaunchPlan):
         self.x_layout = (x.numel() // cols if cols else 0, cols * x.element_size(),
                          ((row_stride(x) if x.dim() else 1) or cols) * x.element_size())
         self.stage_x = False
+        self.chunks: Optional[tuple[tuple[int, CallPlan], ...]] = None
+        self.pitches = (x.element_size(), 0, 0, 0, 0)

@@ -26,7 +26,7 @@ MAX = 1 << 20
 def test_group_rules_node_span_size_and_probe():
     assert group_fallback_reason(["a", "a"], 2, CROSS_GPU_NGPUS) is None
     assert "spans 2 nodes (a, b)" in group_fallback_reason(["a", "b", "a", "b"], 4, CROSS_GPU_NGPUS)
-    assert "a group of 3 ranks" in group_fallback_reason(["a"] * 3, 3, CROSS_GPU_NGPUS)
+    assert "a group of 9 ranks" in group_fallback_reason(["a"] * 9, 9, CROSS_GPU_NGPUS)
     probes = [(True, "fine"), (False, "GPU 1 read GPU 0's memory through IPC and the bytes differ")]
     why = group_fallback_reason(["a", "a"], 2, CROSS_GPU_NGPUS, probes)
     assert why.startswith("peer access does not work on rank 1's GPUs") and "bytes differ" in why
@@ -36,8 +36,10 @@ def test_group_rules_node_span_size_and_probe():
 def test_call_rules_size_shape_group_and_request(path):
     kept, why = choose_path(path, Platform.CUDA, 8, MAX, MAX)
     assert why is None and kept is not Path.FALLBACK
-    assert choose_path(path, Platform.CUDA, 8, MAX + 16, MAX) == (
-        Path.FALLBACK, f"x has {MAX + 16} bytes, over this communicator's max_bytes={MAX}")
+    # over the buffer: chunks, the kernel chosen by the bytes of one launch
+    assert choose_path(path, Platform.CUDA, 8, 100 * MAX, MAX) == (kept, None)
+    if path == "auto":
+        assert choose_path(path, Platform.CUDA, 8, 100 * MAX, 64) == (Path.ONE_STAGE, None)
     assert choose_path(path, Platform.CUDA, 8, 64, MAX, unsupported="n=1004 ...") == (Path.FALLBACK, "n=1004 ...")
     assert choose_path(path, Platform.CUDA, 8, 64, MAX, group_reason="spans 2 nodes") == (Path.FALLBACK,
                                                                                            "spans 2 nodes")

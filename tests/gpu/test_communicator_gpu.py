@@ -124,9 +124,6 @@ def test_m_zero_and_errors(group):
     out, ro = comms[0].allreduce_rmsnorm(x, x.clone(), torch.ones(4096, device="cuda", dtype=torch.bfloat16))
     assert out.shape == (0, 4096)
     assert comms[0].allreduce(x).shape == (0, 4096)
-    big = torch.empty(MAX_BYTES // 2 + 8, device="cuda", dtype=torch.float32)
-    with pytest.raises(ValueError, match="max_bytes"):
-        comms[0].allreduce(big)
     with pytest.raises(ValueError, match="path="):
         comms[0].allreduce(torch.ones(64, device="cuda"), path="3stage")
 

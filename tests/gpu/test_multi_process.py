@@ -1,7 +1,8 @@
 """The communicator with one process per rank: rank r on GPU r % device_count, so the same tests run one
 process per GPU over NVLink on a multi-GPU machine (NCCL for the fallback) and N processes sharing one GPU
 elsewhere (gloo, no fallback through NCCL there). Every path and dtype on the communicator issue's
-shapes, 200 calls back to back, graphs of three batch sizes, a rank that never calls, ranks that disagree.
+shapes, 200 calls back to back, graphs of three batch sizes, a rank that never calls, ranks that disagree,
+calls over the buffer in chunks (eager and captured) and a rank that leaves after the first chunk.
 The real peer-access probe runs in every group."""
 
 from __future__ import annotations
@@ -101,6 +102,62 @@ def _timeout(comm, rank, world, device, make):
         assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
 
 
+CHUNK_ROWS = 1000  # the communicator's buffer holds 1000 rows of 8192 fp32
+
+
+def _chunks(comm, rank, world, device):
+    """4096 rows of 8192: 5 launches in fp32, 3 in bf16 (chunks of 1000 and 2000 rows and a shorter last
+    one), eager and in a graph, plain and fused."""
+    for dtype in (torch.float32, torch.bfloat16):
+        xs, residual, weight = make_inputs(world, 4096, 8192, dtype, seed=17)
+        for path in ("auto", "1stage", "2stage"):
+            out, ro = comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path)
+            ar = comm.allreduce(xs[rank], path=path)
+            torch.cuda.synchronize()
+            comm.check()
+            assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+            assert torch.equal(ar, allreduce_reference(xs)), f"{path} {dtype}: chunked all-reduce differs"
+    xs, residual, weight = make_inputs(world, 2500, 8192, torch.float32, seed=18)
+    with comm.capture():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = (*comm.allreduce_rmsnorm(xs[rank], residual, weight), comm.allreduce(xs[rank]))
+    new, new_res, _ = make_inputs(world, 2500, 8192, torch.float32, seed=19)
+    xs[rank].copy_(new[rank])
+    residual.copy_(new_res)
+    for t in outs:
+        t.fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    comm.check()
+    assert_rmsnorm_matches(new, new_res, weight, 1e-6, outs[0], outs[1])
+    assert torch.equal(outs[2], allreduce_reference(new))
+
+
+def _chunk_timeout(comm, rank, world, device, make):
+    """The last rank takes part in the first chunk only (a call of exactly its rows) and then stops: the
+    others' second chunk times out and the rest give up at once, so the call ends within the timeout."""
+    xs, residual, weight = make_inputs(world, 4 * CHUNK_ROWS + 96, 8192, torch.float32, seed=5)
+    if rank == world - 1:
+        comm.allreduce_rmsnorm(xs[rank][:CHUNK_ROWS], residual[:CHUNK_ROWS], weight)
+        torch.cuda.synchronize()
+        comm.check()
+    else:
+        start = time.monotonic()
+        comm.allreduce_rmsnorm(xs[rank], residual, weight)
+        torch.cuda.synchronize()
+        assert time.monotonic() - start < TIMEOUT_S + 3, f"{time.monotonic() - start:.1f} s"
+        with pytest.raises(PeerTimeoutError) as info:
+            comm.check()
+        assert info.value.ranks == (world - 1,)
+    with make() as fresh:  # the process stays usable: a new communicator works
+        out, ro = fresh.allreduce_rmsnorm(xs[rank], residual, weight)
+        torch.cuda.synchronize()
+        fresh.check()
+        assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+
+
 def _mismatch(comm, rank, world, device):
     m = 4 if rank == 0 else 8
     xs, residual, weight = make_inputs(world, m, 4096, torch.bfloat16, seed=m)
@@ -129,7 +186,7 @@ def _worker(rank, world, init_file, result_dir, what):
         objects = dist.group.WORLD
 
     def make():
-        return Communicator(objects, device=device, max_bytes=1000 * 8192 * 4, device_group=dist.group.WORLD)
+        return Communicator(objects, device=device, max_bytes=CHUNK_ROWS * 8192 * 4, device_group=dist.group.WORLD)
     try:
         with make() as comm:
             assert comm.fallback_reason is None, comm.fallback_reason  # the real probe passed
@@ -141,18 +198,22 @@ def _worker(rank, world, init_file, result_dir, what):
                 _timeout(comm, rank, world, device, make)
             elif what == "mismatch":
                 _mismatch(comm, rank, world, device)
+            elif what == "chunks":
+                _chunks(comm, rank, world, device)
+            elif what == "chunk_timeout":
+                _chunk_timeout(comm, rank, world, device, make)
         open(os.path.join(result_dir, f"ok-{rank}"), "w").close()
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch"])
+@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch", "chunks", "chunk_timeout"])
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8], ids=lambda w: f"TP{w}")
 def test_one_process_per_rank(tmp_path, monkeypatch, world, what):
     gpus = torch.cuda.device_count()
     if gpus < world and (world > 4 or what == "paths" and world > 2):
         pytest.skip(f"{gpus} GPU(s): TP{world} {what} runs with one GPU per rank (sharing one GPU, the "
                     "communicator tests cover it)")
-    monkeypatch.setenv("FUSED_AR_TIMEOUT_S", str(TIMEOUT_S if what in ("timeout", "mismatch") else 60))
+    monkeypatch.setenv("FUSED_AR_TIMEOUT_S", str(TIMEOUT_S if what in ("timeout", "mismatch", "chunk_timeout") else 60))
     monkeypatch.setenv("FUSED_AR_PEER_PROBE", "1")
     spawn_ranks(_worker, world, tmp_path, what)

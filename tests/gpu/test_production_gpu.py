@@ -217,13 +217,18 @@ def _fallback_worker(rank, world, init_file, result_dir):
                     else:  # the collective's own order and rounding: close, not bit-exact
                         torch.testing.assert_close(ar, ref_ar, rtol=2e-2, atol=2e-2)
                         torch.testing.assert_close(ro, ref_ro, rtol=2e-2, atol=2e-2)
-            bigs, _, _ = make_inputs(world, 1024, 1024, torch.float32, seed=5)  # 4 MiB > max_bytes: fallback
+            bigs, _, _ = make_inputs(world, 1024, 1024, torch.float32, seed=5)  # 4 MiB > max_bytes: 4 chunks
             got = comm.allreduce(bigs[rank])
-            torch.testing.assert_close(got, allreduce_reference(bigs), rtol=1e-5, atol=1e-5)
+            torch.cuda.synchronize()
+            assert torch.equal(got, allreduce_reference(bigs)), "the chunked all-reduce differs"
+            longs, long_res, long_w = make_inputs(world, 2, 1 << 19, torch.float32, seed=6)  # 2 MiB rows: fallback
+            _, ro = comm.allreduce_rmsnorm(longs[rank], long_res, long_w)
+            torch.testing.assert_close(ro, add_rmsnorm_reference(longs, long_res, long_w, 1e-6)[1], rtol=2e-2,
+                                       atol=2e-2)
         reasons = [r.getMessage() for r in records]
         assert any("path='fallback' was asked for" in m for m in reasons), reasons
         assert any("n=1004" in m for m in reasons), reasons
-        assert any("over this communicator's max_bytes" in m for m in reasons), reasons
+        assert any("a row of x has 2097152 bytes" in m for m in reasons), reasons
         assert len(reasons) == len(set(reasons)), f"a reason was logged twice: {reasons}"
         open(os.path.join(result_dir, f"ok-{rank}"), "w").close()
     finally:
