@@ -39,6 +39,13 @@ SCHEMAS = {
     "allreduce_rmsnorm_fp8": "allreduce_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
                              "str path=\"auto\", float weight_offset=0.0, Tensor? scale=None, int? group_size=None, "
                              "ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
+    # Sequence parallelism: x holds every row, the outputs this rank's (Communicator.shard_rows).
+    "reduce_scatter_rmsnorm": "reduce_scatter_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
+                              "float weight_offset=0.0) -> (Tensor, Tensor)",
+    "reduce_scatter_rmsnorm_fp8": "reduce_scatter_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, "
+                                  "int comm, float weight_offset=0.0, Tensor? scale=None, int? group_size=None, "
+                                  "ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
+    "all_gather": "all_gather(Tensor x, int comm, int rows) -> Tensor",
 }
 
 
@@ -97,13 +104,56 @@ def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], we
         fp8_dtype=fp8_dtype, path=path), scale)
 
 
+def _reduce_scatter_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                            eps: float, comm: int, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out) = Communicator(comm).reduce_scatter_rmsnorm(x, residual, weight, eps, ...)."""
+    return lookup(comm).reduce_scatter_rmsnorm(x, residual, weight, eps, weight_offset=weight_offset)
+
+
+def _reduce_scatter_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                                eps: float, comm: int, weight_offset: float = 0.0, scale: Optional[torch.Tensor] = None,
+                                group_size: Optional[int] = None, fp8_dtype: Optional[torch.dtype] = None
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, residual_out, scales) = Communicator(comm).reduce_scatter_rmsnorm_fp8(...)."""
+    return _fresh_scales(*lookup(comm).reduce_scatter_rmsnorm_fp8(
+        x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
+        fp8_dtype=fp8_dtype), scale)
+
+
+def _all_gather(x: torch.Tensor, comm: int, rows: int) -> torch.Tensor:
+    """Communicator(comm).all_gather(x, rows)."""
+    return lookup(comm).all_gather(x, rows)
+
+
+def _shard_of(x: torch.Tensor, comm: int) -> torch.Tensor:
+    """An empty tensor of x's dtype with this rank's rows of x (symbolic sizes stay symbolic)."""
+    c = lookup(comm)
+    m = x.shape[0]
+    per = (m + c.world_size - 1) // c.world_size
+    rows = torch.sym_max(torch.sym_min(m - c.rank * per, per), 0)
+    return x.new_empty((rows, x.shape[1]))
+
+
+def _fake_scatter(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm: int, *rest: Any) -> tuple:
+    return _shard_of(x, comm), _shard_of(x, comm)
+
+
+def _fake_scatter_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm: int, *rest: Any) -> tuple:
+    return _fake_fp8(_shard_of(x, comm), residual, weight, eps, *rest)
+
+
+def _fake_gather(x: torch.Tensor, comm: int, rows: int) -> torch.Tensor:
+    return x.new_empty((rows, x.shape[1]))
+
+
 def _fake_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, *rest: Any) -> tuple:
     from .device.launch import arch_of
     from .jit.spec import native_fp8
     from .device.validate import fp8_format
 
     *_, scale, group_size, fp8_dtype = rest
-    fmt = fp8_format(fp8_dtype, native_fp8(arch_of(x.device.index)))
+    # the device's native format only where none is named (tracing may run without the device)
+    fmt = fp8_format(fp8_dtype, native_fp8(arch_of(x.device.index)) if fp8_dtype is None else None)
     lead = tuple(x.shape[:-1])
     scales_shape = tuple(scale.shape) if scale is not None else lead + (1 if group_size is None else x.shape[-1] // group_size,)
     return (torch.empty(x.shape, dtype=getattr(torch, fmt.torch_name), device=x.device), torch.empty_like(x),
@@ -125,7 +175,10 @@ def _fake_none(*args: Any) -> None:
 _KERNELS = {"allreduce_rmsnorm": (_allreduce_rmsnorm, _fake_pair), "allreduce": (_allreduce, _fake_one),
             "add_rmsnorm": (_add_rmsnorm, _fake_pair), "add_rmsnorm_": (_add_rmsnorm_, _fake_none),
             "allreduce_rmsnorm_": (_allreduce_rmsnorm_, _fake_none),
-            "add_rmsnorm_fp8": (_add_rmsnorm_fp8, _fake_fp8), "allreduce_rmsnorm_fp8": (_allreduce_rmsnorm_fp8, _fake_fp8)}
+            "add_rmsnorm_fp8": (_add_rmsnorm_fp8, _fake_fp8), "allreduce_rmsnorm_fp8": (_allreduce_rmsnorm_fp8, _fake_fp8),
+            "reduce_scatter_rmsnorm": (_reduce_scatter_rmsnorm, _fake_scatter),
+            "reduce_scatter_rmsnorm_fp8": (_reduce_scatter_rmsnorm_fp8, _fake_scatter_fp8),
+            "all_gather": (_all_gather, _fake_gather)}
 
 _library = torch.library.Library("fused_ar", "DEF")
 for _name, _schema in SCHEMAS.items():

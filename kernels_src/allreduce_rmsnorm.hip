@@ -5,6 +5,9 @@
 // FA_TWO_STAGE 1: stage 1 reduces this rank's 1/N of each owned row's packs and stores the T result into
 // every rank's tmp; a barrier; stage 2 runs add + RMSNorm on the complete rows in the local tmp.
 // Both end with a barrier, so no rank starts overwriting buffers (input, tmp) that a peer still reads.
+// FA_SCATTER 1 (reduce_scatter_rmsnorm, one-stage): this rank reduces only its `rows` rows, which start at
+// row `first_row` of the inputs, and writes them from row 0 of its outputs; the descriptor names the whole
+// call's `all_rows`, and every rank runs the same grid (its shard may be shorter, or empty).
 #include "fa_rmsnorm.h"
 #include "fa_reduce.h"
 #include "fa_peers.h"
@@ -40,12 +43,22 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT residual,
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, float* __restrict__ scales, int group,
-    fa_i64 scales_stride, fa_i64 timeout_ns) {
+    fa_i64 scales_stride, fa_i64 timeout_ns
+#if FA_SCATTER
+    , int first_row, int all_rows
+#endif
+    ) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_grid_launch_dependents();
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
+#if FA_SCATTER
+  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, all_rows, cols, &state);
+  const fa_i64 source_row = first_row;
+#else
   const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);
+  const fa_i64 source_row = 0;
+#endif
   if (!fa_barrier(bar, FA_PHASE_START)) return;  // every rank's input is in place, and the same call
 #if FA_TWO_STAGE
   fa_elem_t* const local_tmp = (fa_elem_t*)peers->tmp[rank];
@@ -66,7 +79,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   const fa_elem_t* const local_tmp = nullptr;
 #endif
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
-    const fa_peer_source_t src = {peers, local_tmp, (fa_i64)row * packs};
+    const fa_peer_source_t src = {peers, local_tmp, (source_row + row) * packs};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
                             residual + row * residual_stride, weight, scales + row * scales_stride, group};
     fa_add_rmsnorm_row(src, io, cols, eps, weight_offset);

@@ -30,6 +30,7 @@ from . import registry
 from .policy import FallbackLog, Path, choose_path, group_fallback_reason
 from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
 from .report import pending_exception, read_error_word
+from .sequence import SequenceParallel
 from ..backends import current_runtime
 from ..jit.spec import DEFAULT_PACK, DType, KernelSpec, Quant, native_fp8
 from .thresholds import SizeRule, Thresholds
@@ -45,7 +46,7 @@ _OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_
 PLAIN_BLOCK = 256
 
 
-class Communicator:
+class Communicator(SequenceParallel):
     """One per tensor-parallel group per process. All ranks of `group` must construct it together.
 
     group: a torch.distributed process group (default: the world); handles travel over it (gloo or any

@@ -257,9 +257,9 @@ def allreduce_rmsnorm_block(packs_per_row: int) -> int:
     return min(long_row_block(packs_per_row), CROSS_GPU_MAX_BLOCK)
 
 
-def _cross_gpu_constants(two_stage: bool):
+def _cross_gpu_constants(two_stage: bool, scatter: bool = False):
     def constants(spec: KernelSpec) -> dict[str, object]:
-        return {"FA_TWO_STAGE": int(two_stage), "FA_MAX_BLOCKS": MAX_BLOCKS, "FA_MAX_RANKS": MAX_RANKS,
+        return {"FA_TWO_STAGE": int(two_stage), "FA_SCATTER": int(scatter), "FA_MAX_BLOCKS": MAX_BLOCKS, "FA_MAX_RANKS": MAX_RANKS,
                 "FA_REG_PACKS": cross_gpu_reg_packs(spec), "FA_OP_CODE": spec.op.code, "FA_DTYPE_CODE": spec.dtype.code, "FA_DESC_WORDS": DESC_WORDS,
                 "FA_ERROR_TIMEOUT": f"{ERROR_TIMEOUT:#x}u", "FA_ERROR_MISMATCH": f"{ERROR_MISMATCH:#x}u",
                 "FA_ERROR_UNREGISTERED": f"{ERROR_UNREGISTERED:#x}u", "FA_SIGNAL_BYTES": SIGNAL_BYTES,
@@ -288,3 +288,15 @@ ALLREDUCE_1STAGE = register(KernelDef(
 ALLREDUCE_2STAGE = register(KernelDef(
     Op.ALLREDUCE_2STAGE, "allreduce.hip", _ALLREDUCE_PARAMS, CROSS_GPU_NGPUS,
     warm_blocks=(TWO_STAGE_BLOCK,), constants=_cross_gpu_constants(True)))
+# Sequence parallelism: reduce-scatter + add + RMSNorm is the one-stage fused kernel on this rank's rows (it
+# reads each of them from all N inputs, so together the ranks read every input once, as a two-stage stage 1);
+# all-gather copies every rank's shard.
+REDUCE_SCATTER_RMSNORM = register(KernelDef(
+    Op.REDUCE_SCATTER_RMSNORM, "allreduce_rmsnorm.hip", _FUSED_PARAMS + (("first_row", Arg.I32), ("all_rows", Arg.I32)),
+    CROSS_GPU_NGPUS, warm_blocks=ALLREDUCE_RMSNORM_1STAGE.warm_blocks, constants=_cross_gpu_constants(False, True)))
+ALL_GATHER = register(KernelDef(
+    Op.ALL_GATHER, "all_gather.hip",
+    (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("all_rows", Arg.I32), ("cols", Arg.I32),
+     ("shard_rows", Arg.I32), ("first", Arg.I32), ("count", Arg.I32), ("source_first", Arg.I32),
+     ("timeout_ns", Arg.I64)),
+    CROSS_GPU_NGPUS, warm_blocks=(256,), constants=_cross_gpu_constants(False)))

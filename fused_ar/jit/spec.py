@@ -118,6 +118,8 @@ class Op(str, Enum):
     ALLREDUCE_RMSNORM_2STAGE = "allreduce_rmsnorm_2stage"
     ALLREDUCE_1STAGE = "allreduce_1stage"
     ALLREDUCE_2STAGE = "allreduce_2stage"
+    REDUCE_SCATTER_RMSNORM = "reduce_scatter_rmsnorm"  # sequence parallelism: the fused op on this rank's rows
+    ALL_GATHER = "all_gather"
 
     @property
     def code(self) -> int:
@@ -136,7 +138,7 @@ BLOCK_SIZES = (64, 128, 256, 512, 1024)
 # Bytes per thread access; 2 (one 16-bit element) serves add_rmsnorm rows whose starts are not aligned.
 PACK_SIZES = (2, 4, 8, 16)
 DEFAULT_PACK = 16
-RMSNORM_OPS = ("add_rmsnorm", "allreduce_rmsnorm_1stage", "allreduce_rmsnorm_2stage")
+RMSNORM_OPS = ("add_rmsnorm", "allreduce_rmsnorm_1stage", "allreduce_rmsnorm_2stage", "reduce_scatter_rmsnorm")
 
 
 def platform_of_arch(arch: str) -> Platform:

@@ -182,6 +182,46 @@ def test_custom_ops_trace_with_fake_tensors_under_torch_compile():
     assert seen["shapes"] == [(5, 128), (5, 128)]
 
 
+@pytest.mark.parametrize("rank, rows", [(0, 3), (2, 3), (3, 2)])
+def test_sequence_parallel_ops_trace_with_this_ranks_rows(rank, rows):
+    """reduce_scatter_rmsnorm's fake gives this rank's shard of x's 11 rows over 4 ranks (3, 3, 3, 2 rows:
+    ceil(11 / 4) each, the last one shorter), all_gather's the rows asked for; m stays symbolic."""
+    import fused_ar.torch_ops  # noqa: F401
+    from types import SimpleNamespace
+
+    from fused_ar.comm import registry
+    from fused_ar.comm.sequence import shard_bounds
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    lo, hi = shard_bounds(11, 4, rank)
+    assert [shard_bounds(11, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 11)]
+    assert shard_bounds(2, 4, 3) == (2, 2)  # fewer rows than ranks: the last shards are empty
+    stub = SimpleNamespace(handle=990000 + rank, world_size=4, rank=rank)
+    registry.register(stub)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        FakeTensorProp(gm).propagate(*example_inputs)
+        outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+        seen["shapes"] = [tuple(int(d) for d in o.meta["val"].shape) for o in outs]
+        seen["dtypes"] = [o.meta["val"].dtype for o in outs]
+        return lambda *args: tuple(torch.zeros(s) for s in seen["shapes"])
+
+    def layer(x, residual, norm):
+        out, ro = torch.ops.fused_ar.reduce_scatter_rmsnorm(x, residual, norm, 1e-6, stub.handle)
+        q, _, scales = torch.ops.fused_ar.reduce_scatter_rmsnorm_fp8(x, residual, norm, 1e-6, stub.handle, 0.0, None,
+                                                                     64, torch.float8_e4m3fn)
+        return out, ro, q, scales, torch.ops.fused_ar.all_gather(out, stub.handle, 11)
+
+    try:
+        compiled = torch.compile(layer, fullgraph=True, backend=backend)
+        compiled(torch.randn(11, 128), torch.randn(hi - lo, 128), torch.ones(128))
+    finally:
+        registry.unregister(stub)
+    assert seen["shapes"] == [(rows, 128), (rows, 128), (rows, 128), (rows, 2), (11, 128)]
+    assert seen["dtypes"][2] == torch.float8_e4m3fn
+
+
 def test_custom_op_names_an_unknown_communicator():
     from fused_ar.torch_ops import lookup
 

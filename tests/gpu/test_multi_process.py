@@ -2,7 +2,8 @@
 process per GPU over NVLink on a multi-GPU machine (NCCL for the fallback) and N processes sharing one GPU
 elsewhere (gloo, no fallback through NCCL there). Every path and dtype on the communicator issue's
 shapes, 200 calls back to back, graphs of three batch sizes, a rank that never calls, ranks that disagree,
-calls over the buffer in chunks (eager and captured) and a rank that leaves after the first chunk.
+calls over the buffer in chunks (eager and captured), a rank that leaves after the first chunk, and the
+sequence-parallel ops.
 The real peer-access probe runs in every group."""
 
 from __future__ import annotations
@@ -158,6 +159,22 @@ def _chunk_timeout(comm, rank, world, device, make):
         assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
 
 
+def _sequence(comm, rank, world, device):
+    """reduce_scatter_rmsnorm rows = allreduce_rmsnorm rows, all_gather of them = the whole out; uneven
+    shards, and 4096 rows of 8192 fp32 in chunks."""
+    for m, dtype in ((1, torch.bfloat16), (7, torch.bfloat16), (100, torch.float16), (4096, torch.float32)):
+        xs, residual, weight = make_inputs(world, m, 8192, dtype, seed=m)
+        lo, hi = comm.shard_rows(m)
+        out, ro = comm.reduce_scatter_rmsnorm(xs[rank], residual[lo:hi], weight)
+        gathered = comm.all_gather(out, m)
+        full_out, full_ro = comm.allreduce_rmsnorm(xs[rank], residual, weight)
+        torch.cuda.synchronize()
+        comm.check()
+        assert_rmsnorm_matches(xs, residual, weight, 1e-6, full_out, full_ro)
+        assert torch.equal(out, full_out[lo:hi]) and torch.equal(ro, full_ro[lo:hi]), f"m={m} rank {rank}"
+        assert torch.equal(gathered, full_out), f"m={m} rank {rank}: all_gather"
+
+
 def _mismatch(comm, rank, world, device):
     m = 4 if rank == 0 else 8
     xs, residual, weight = make_inputs(world, m, 4096, torch.bfloat16, seed=m)
@@ -198,6 +215,8 @@ def _worker(rank, world, init_file, result_dir, what):
                 _timeout(comm, rank, world, device, make)
             elif what == "mismatch":
                 _mismatch(comm, rank, world, device)
+            elif what == "sequence":
+                _sequence(comm, rank, world, device)
             elif what == "chunks":
                 _chunks(comm, rank, world, device)
             elif what == "chunk_timeout":
@@ -207,7 +226,7 @@ def _worker(rank, world, init_file, result_dir, what):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch", "chunks", "chunk_timeout"])
+@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch", "chunks", "chunk_timeout", "sequence"])
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8], ids=lambda w: f"TP{w}")
 def test_one_process_per_rank(tmp_path, monkeypatch, world, what):
     gpus = torch.cuda.device_count()

@@ -1,0 +1,372 @@
+"""Sequence parallelism on the communicator: `reduce_scatter_rmsnorm` (each rank gets the fully reduced rows
+of its shard, added to its residual shard and normalized, in T or FP8) and `all_gather` (every rank gets
+every shard), mixed into `Communicator`.
+
+Rows are split as serving engines split them: contiguous blocks of S = ceil(m / N) rows, rank r's being
+[r*S, min((r+1)*S, m)). That is what padding m up to a multiple of N gives, without computing the padding
+rows: the last shards are shorter, or empty. The reduce-scatter is the one-stage fused kernel restricted to
+this rank's rows (FA_SCATTER), so its rows are bit for bit those of `allreduce_rmsnorm` on the same inputs;
+the all-gather copies. A call whose staged input is over `max_bytes` runs in chunks of c rows of every
+shard, which the staging buffer holds as N blocks of c rows (inside a captured graph the peers read the
+registered input itself).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from ..errors import InputError
+from ..device.plans import CallPlan, call_inputs, input_addresses, is_capturing, plain_eps, plain_offset, quant_key, \
+    raw_stream, rmsnorm_key
+from ..device.launch import arch_of, spec_for
+from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
+from ..device.validate import (check_devices, check_outputs, check_quant, check_quant_outputs, check_rmsnorm_inputs,
+                               check_rows, check_scale_value, cross_gpu_limit)
+from ..jit.kernels import ALL_GATHER, REDUCE_SCATTER_RMSNORM, allreduce_rmsnorm_block
+from ..jit.spec import DEFAULT_PACK, Quant, native_fp8
+from .policy import Path, parse_path
+
+GATHER_BLOCK = ALL_GATHER.warm_blocks[0]
+
+
+def shard_bounds(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """[first, end) of `rank`'s rows when `rows` are split over `world` ranks (see the module docstring)."""
+    per = -(-rows // world)
+    return min(rank * per, rows), min((rank + 1) * per, rows)
+
+
+def _scatter_path(path: str) -> Path:
+    chosen = parse_path(path)
+    if chosen not in (Path.AUTO, Path.FALLBACK):
+        raise InputError(f"path={path!r}: the sequence-parallel ops take 'auto' or 'fallback' (one kernel each)")
+    return chosen
+
+
+class SequenceParallel:
+    """The sequence-parallel ops of `Communicator` (which provides the memory, plans and helpers used here)."""
+
+    def shard_rows(self, rows: int, rank: Optional[int] = None) -> tuple[int, int]:
+        """[first, end) of the rows of `rank` (default: this rank) in a split of `rows` over the group:
+        contiguous blocks of ceil(rows / N), the last ones shorter or empty."""
+        return shard_bounds(rows, self.world_size, self.rank if rank is None else rank)
+
+    # -- reduce-scatter + add + RMSNorm -------------------------------------------------------------------
+    def reduce_scatter_rmsnorm(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                               weight_offset: float = 0.0, path: str = "auto", out: Optional[Any] = None,
+                               residual_out: Optional[Any] = None) -> tuple[Any, Any]:
+        """(out, residual_out) of this rank's shard: rows `shard_rows(m)` of allreduce_rmsnorm(x, ...), bit for
+        bit. x: (m, n), this rank's partial sums of every row; residual, out, residual_out: this rank's
+        rows only (residual_out=residual in place). Every rank calls it together with the same m."""
+        out, residual_out, _ = self._scatter(x, residual, weight, eps, weight_offset, path, out, residual_out, None)
+        return out, residual_out
+
+    def reduce_scatter_rmsnorm_fp8(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                                   weight_offset: float = 0.0, scale: Optional[Any] = None,
+                                   group_size: Optional[int] = None, fp8_dtype: Any = None, path: str = "auto",
+                                   out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                                   scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+        """(q, residual_out, scales) of this rank's shard: reduce_scatter_rmsnorm's out quantized as
+        allreduce_rmsnorm_fp8 quantizes (static, per row or per group), bit for bit."""
+        fp8 = {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype,
+               "scales": scale if scale is not None else scales_out}
+        return self._scatter(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
+
+    def _scatter(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
+                 residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
+        import torch
+
+        self.check()
+        scales = None if fp8 is None else fp8["scales"]
+        try:
+            key = ("reduce_scatter", rmsnorm_key(x, residual, weight, out, residual_out), path,
+                   None if fp8 is None else quant_key(fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], scales))
+        except AttributeError:
+            key = None
+        plan = self._plans.get(key)
+        inputs = None
+        if plan is not None and plain_eps(eps) and plain_offset(offset):
+            inputs = call_inputs(plan, x, residual, weight, out, residual_out, scales)
+        if inputs is None:
+            plan, eps, offset = self._checked_scatter(key, x, residual, weight, eps, offset, path, out, residual_out,
+                                                      fp8)
+            inputs = input_addresses(x, residual, weight)
+        lo, hi = self.shard_rows(x.shape[0])
+        shape = (hi - lo, x.shape[1])
+        quant = plan.quant
+        if out is None:
+            out = torch.empty(shape, dtype=x.dtype if quant is None else getattr(torch, quant.fmt.torch_name),
+                              device=x.device)
+        residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
+        if quant is not None and scales is None:
+            groups = 1 if quant.kind is Quant.TOKEN else shape[1] // quant.group
+            scales = torch.empty((shape[0], groups), dtype=torch.float32, device=x.device)
+        if plan.fallback:
+            if x.shape[0]:
+                self._fallback_scatter(x, residual, weight, eps, offset, out, residual_out, fp8, scales, lo, hi)
+            return out, residual_out, scales
+        if x.shape[0]:
+            stream = raw_stream(self.device)
+            xp, rp, wp = inputs
+            op, rop = out.data_ptr(), residual_out.data_ptr()
+            sp = 0 if scales is None else scales.data_ptr()
+            px, pr, po, pro, ps = plan.pitches
+            per = plan.chunks[1][0] if len(plan.chunks) > 1 else -(-x.shape[0] // self.world_size)
+            for first, sub in plan.chunks:
+                buf = sub.buffer()
+                v = buf.values
+                v.residual, v.weight = rp and rp + first * pr, wp
+                v.out, v.residual_out, v.scales = op + first * po, rop + first * pro, sp and sp + first * ps
+                v.peers, v.first_row = self._shard_table(xp, px, plan, first, per, stream)
+                v.eps, v.weight_offset = eps, offset
+                sub.launch(stream, buf)
+        return out, residual_out, scales
+
+    def _shard_table(self, xp: int, pitch: int, plan: CallPlan, first: int, per: int, stream: int) -> tuple[int, int]:
+        """(peer table, the row where this rank's rows of the launch start in every input) for the launch over
+        rows [first, first + per) of every shard: x itself where it is registered in a captured graph, else
+        N blocks of `per` rows in the staging buffer (one copy of x where that is x's own layout)."""
+        rows, row_bytes, _ = plan.x_layout
+        shard = -(-rows // self.world_size)
+        if is_capturing():
+            table = None if plan.stage_x or not self._register_graph_inputs else self._graphs.record(xp)
+            if table is not None:
+                return table, self.rank * shard + first
+        elif self._graphs.pending:
+            self.register_graph_buffers()
+        if per == shard and not first:
+            self._runtime.copy_rows(self._mem.staging, row_bytes, xp, pitch, row_bytes, rows, stream)
+        else:
+            for r in range(self.world_size):
+                n = min(max(rows - r * shard - first, 0), per)
+                if n:
+                    self._runtime.copy_rows(self._mem.staging + r * per * row_bytes, row_bytes,
+                                            xp + (r * shard + first) * pitch, pitch, row_bytes, n, stream)
+        return self._mem.table, self.rank * per
+
+    def _checked_scatter(self, key: Optional[tuple], x: Any, residual: Any, weight: Any, eps: Any, offset: Any,
+                         path: str, out: Any, residual_out: Any, fp8: Optional[dict]) -> tuple[CallPlan, float, float]:
+        """Every rule of the call (InputError naming the value), the path, and the plan of its key."""
+        check_rows("x", x)
+        if x.dim() != 2:
+            raise InputError(f"x has shape {tuple(x.shape)}: the sequence-parallel ops take 2-D x (tokens, hidden)")
+        chosen = _scatter_path(path)
+        m, cols = x.shape
+        lo, hi = self.shard_rows(m)
+        for name, t in (("residual", residual), ("out", out), ("residual_out", residual_out)):
+            if hasattr(t, "shape") and (len(t.shape) != 2 or t.shape[0] != hi - lo):
+                raise InputError(f"{name} has shape {tuple(getattr(t, 'shape', ()))}: rank {self.rank}'s shard of "
+                                 f"m={m} rows over {self.world_size} ranks is rows [{lo}, {hi}), so it takes "
+                                 f"({hi - lo}, {cols})")
+        mine = x[lo:hi]
+        call = check_rmsnorm_inputs(mine, residual, weight, eps, offset)
+        inputs = {"x": x, "residual": residual, "weight": weight}
+        quant, q_layout = None, None
+        no_alias = {("residual_out", "residual")}
+        if fp8 is None:
+            layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, mine, in_place=no_alias)
+        else:
+            quant = check_quant(mine, cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"],
+                                native_fp8(arch_of(self.device)))
+            q_layout = check_quant_outputs(quant, mine, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+            layouts = check_outputs(inputs, {"residual_out": residual_out}, mine, in_place=no_alias)
+            check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
+        self._check_device(**inputs, out=out, residual_out=residual_out,
+                           **({} if fp8 is None else {"scales": fp8["scales"]}))
+        if quant is not None and quant.kind is Quant.STATIC:
+            check_scale_value(fp8["scales"])
+        rows_limited = {"residual": residual, "weight": weight, "residual_out": residual_out}
+        if fp8 is None:
+            rows_limited["out"] = out
+        unsupported = cross_gpu_limit(cols, call.x.dtype, rows_limited)
+        per_access = DEFAULT_PACK // call.x.dtype.itemsize
+        if unsupported is None and q_layout is not None and (out.data_ptr() % per_access or q_layout.row_stride % per_access):
+            unsupported = (f"out has FP8 rows at address {out.data_ptr():#x} with stride {q_layout.row_stride}: the "
+                           f"cross-GPU kernels need them {per_access}-byte aligned")
+        row_bytes = cols * call.x.dtype.itemsize
+        shard = -(-m // self.world_size)
+        per = shard if m * row_bytes <= self.max_bytes else self.max_bytes // (self.world_size * row_bytes)
+        if unsupported is None and m and not per:
+            unsupported = (f"{self.world_size} rows of x have {self.world_size * row_bytes} bytes (n={cols}, "
+                           f"{call.x.dtype.value}), over this communicator's max_bytes={self.max_bytes}: each launch "
+                           "stages a row of every shard")
+        if chosen is not Path.FALLBACK:
+            chosen = self._choose(path, x, unsupported, per * self.world_size * row_bytes)
+        in_place = residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr()
+        tensors = (x, residual, weight, out if fp8 is None else None, residual_out)
+        q_tensors = () if fp8 is None else (out, fp8["scales"])
+        if chosen is Path.FALLBACK:
+            if self._device_group is None:
+                raise InputError(f"path={path!r}: this communicator has no device group to fall back on")
+            plan = CallPlan.fallback_plan(tensors, m, quant, q_tensors)
+        else:
+            variant = {"weight": call.weight, "residual": call.residual_stride is not None, "inplace": in_place}
+            if quant is not None:
+                variant.update(quant=quant.kind, fp8=quant.fmt)
+            packs = row_bytes // DEFAULT_PACK
+            spec = spec_for(REDUCE_SCATTER_RMSNORM.op, call.x.dtype, self.device, allreduce_rmsnorm_block(packs),
+                            self.world_size, **variant)
+            groups = 0
+            fixed = {"rank": self.rank, "cols": cols, "timeout_ns": self._timeout_ns, "all_rows": m,
+                     "residual_stride": call.residual_stride or 0,
+                     "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else cols,
+                     "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
+            if quant is not None and quant.kind is not Quant.STATIC:
+                groups = cols // quant.group if quant.kind is Quant.GROUP else 1
+                fixed.update(group=quant.group, scales_stride=groups)
+            grid = min(max(per, 1), self._grid_cap(spec))  # the same on every rank, whatever its shard
+            made: dict[int, CallPlan] = {}  # this rank's rows in a launch -> its plan (at most 3 kinds)
+
+            def part(n: int) -> CallPlan:
+                if n not in made:
+                    made[n] = CallPlan(spec, self.device, grid, {**fixed, "rows": n}, tensors, n, in_place, quant,
+                                       q_tensors, shared_mem=4 * groups if quant is not None and
+                                       quant.kind is Quant.GROUP else 0)
+                return made[n]
+            mine_rows = hi - lo
+            chunks = tuple((first, part(min(max(mine_rows - first, 0), per))) for first in range(0, max(shard, 1), per))
+            x_pitch = call.x.row_stride * call.x.dtype.itemsize
+            pitches = (x_pitch, (call.residual_stride or 0) * call.x.dtype.itemsize,
+                       fixed["out_stride"] * (1 if quant is not None else call.x.dtype.itemsize),
+                       fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * groups)
+            plan = CallPlan.chunked_plan(tensors, m, in_place, quant, q_tensors, chunks, pitches)
+            plan.x_layout = (m, row_bytes, x_pitch)
+        # the registered x is read in place under capture: only contiguous, aligned rows
+        plan.stage_x = call.x.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
+        if unsupported is None and key is not None:
+            self._plans[key] = plan
+        return plan, call.eps, call.offset
+
+    def _fallback_scatter(self, x: Any, residual: Any, weight: Any, eps: float, offset: float, out: Any,
+                          residual_out: Any, fp8: Optional[dict], scales: Any, lo: int, hi: int) -> None:
+        """The collective's all-reduce of x in T, then add + RMSNorm (and FP8) of this rank's rows."""
+        import torch
+
+        ar = self._fallback_allreduce(x, torch.empty(x.shape, dtype=x.dtype, device=x.device))[lo:hi]
+        if fp8 is None:
+            add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset)
+        else:
+            add_rmsnorm_fp8(ar, residual, weight, eps, weight_offset=offset, scale=fp8["scale"],
+                            group_size=fp8["group_size"], fp8_dtype=fp8["fp8_dtype"], out=out, residual_out=residual_out,
+                            scales_out=None if fp8["scale"] is not None else scales)
+
+    # -- all-gather ---------------------------------------------------------------------------------------
+    def all_gather(self, x: Any, rows: Optional[int] = None, *, path: str = "auto", out: Optional[Any] = None) -> Any:
+        """(rows, n): every rank's shard of a split of `rows` (default: out's rows, else N × x's rows), in rank
+        order. x: this rank's shard, rows `shard_rows(rows)` (any row stride); out: contiguous. Every rank
+        calls it together with the same rows."""
+        import torch
+
+        self.check()
+        try:
+            total = rows if rows is not None else out.shape[0] if out is not None else self.world_size * x.shape[0]
+            key = ("all_gather", rmsnorm_key(x, None, None, out, None), total, path)
+        except (AttributeError, IndexError, TypeError):
+            key, total = None, rows
+        plan = self._plans.get(key)
+        if plan is None or not self._gather_pointers_ok(plan, x, out):
+            plan, total = self._checked_gather(key, x, rows, path, out)
+        out = torch.empty((total, x.shape[1]), dtype=x.dtype, device=x.device) if out is None else out
+        if plan.fallback:
+            if total:
+                self._fallback_gather(x, out, total)
+            return out
+        if not total:
+            return out
+        stream = raw_stream(self.device)
+        xp, op = x.data_ptr(), out.data_ptr()
+        pitch = plan.pitches[0]
+        for first, sub in plan.chunks:
+            buf = sub.buffer()
+            v = buf.values
+            v.out = op
+            v.peers, v.source_first = self._gathered_table(xp, pitch, plan, sub, first, stream)
+            sub.launch(stream, buf)
+        return out
+
+    @staticmethod
+    def _gather_pointers_ok(plan: CallPlan, x: Any, out: Any) -> bool:
+        """Per call: x aligned (else the full checks make the plan stage it) and out aligned, apart from x."""
+        if out is None:
+            return not x.data_ptr() % DEFAULT_PACK
+        xp, op = x.data_ptr(), out.data_ptr()
+        return not (op | xp) % DEFAULT_PACK and (op + plan.spans[1] <= xp or xp + plan.spans[0] <= op)
+
+    def _gathered_table(self, xp: int, pitch: int, plan: CallPlan, sub: CallPlan, first: int,
+                        stream: int) -> tuple[int, int]:
+        """(peer table, the row of this launch's first in every input): the shard itself where it is registered
+        in a captured graph, else its rows [first, first + count) copied to the staging buffer."""
+        if is_capturing():
+            table = None if plan.stage_x or not self._register_graph_inputs else self._graphs.record(xp)
+            if table is not None:
+                return table, first
+        elif self._graphs.pending:
+            self.register_graph_buffers()
+        mine, row_bytes, _ = plan.x_layout
+        n = min(max(mine - first, 0), sub.fixed["count"])
+        if n:
+            self._runtime.copy_rows(self._mem.staging, row_bytes, xp + first * pitch, pitch, row_bytes, n, stream)
+        return self._mem.table, 0
+
+    def _checked_gather(self, key: Optional[tuple], x: Any, rows: Any, path: str, out: Any) -> tuple[CallPlan, int]:
+        shape = check_rows("x", x)
+        if x.dim() != 2:
+            raise InputError(f"x has shape {tuple(x.shape)}: the sequence-parallel ops take 2-D x (tokens, hidden)")
+        chosen = _scatter_path(path)
+        if rows is None:
+            rows = out.shape[0] if out is not None and getattr(out, "dim", lambda: 0)() == 2 else \
+                self.world_size * x.shape[0]
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise InputError(f"rows={rows!r}: the rows of the gathered tensor, a non-negative int")
+        lo, hi = self.shard_rows(rows)
+        if x.shape[0] != hi - lo:
+            raise InputError(f"x has {x.shape[0]} rows: rank {self.rank}'s shard of rows={rows} over "
+                             f"{self.world_size} ranks is rows [{lo}, {hi}), {hi - lo} rows")
+        cols = shape.cols
+        if out is not None:
+            check_devices(x=x, out=out)
+            if out.dtype != x.dtype or tuple(out.shape) != (rows, cols) or not out.is_contiguous():
+                raise InputError(f"out has dtype {out.dtype} and shape {tuple(out.shape)}: it must be contiguous "
+                                 f"{x.dtype} of shape {(rows, cols)}")
+            check_outputs({"x": x}, {"out": out}, out, in_place=set())
+        self._check_device(x=x, out=out)
+        unsupported = cross_gpu_limit(cols, shape.dtype, {"out": out})
+        row_bytes = cols * shape.dtype.itemsize
+        shard = -(-rows // self.world_size)
+        per = min(shard, self.max_bytes // row_bytes)
+        if unsupported is None and rows and not per:
+            unsupported = (f"a row of x has {row_bytes} bytes (n={cols}, {shape.dtype.value}), over this "
+                           f"communicator's max_bytes={self.max_bytes}: each launch stages whole rows")
+        if chosen is not Path.FALLBACK:
+            chosen = self._choose(path, x, unsupported, per * row_bytes)
+        if chosen is Path.FALLBACK:
+            if self._device_group is None:
+                raise InputError(f"path={path!r}: this communicator has no device group to fall back on")
+            plan = CallPlan.fallback_plan((x, out), rows)
+        else:
+            spec = spec_for(ALL_GATHER.op, shape.dtype, self.device, GATHER_BLOCK, self.world_size)
+            packs = per * row_bytes // DEFAULT_PACK
+            sub = CallPlan(spec, self.device, min(max(math.ceil(packs / GATHER_BLOCK), 1), self._grid_cap(spec)),
+                           {"rank": self.rank, "all_rows": rows, "cols": cols, "shard_rows": shard, "count": per,
+                            "timeout_ns": self._timeout_ns}, (x, out), rows)
+            chunks = tuple((first, sub) for first in range(0, max(shard, 1), per)) if rows else ()
+            plan = CallPlan.chunked_plan((x, out), rows, False, None, (), chunks,
+                                         (shape.row_stride * shape.dtype.itemsize, 0, 0, 0, 0))
+            plan.x_layout = (hi - lo, row_bytes, shape.row_stride * shape.dtype.itemsize)
+        plan.stage_x = shape.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
+        if unsupported is None and key is not None:
+            self._plans[key] = plan
+        return plan, rows
+
+    def _fallback_gather(self, x: Any, out: Any, rows: int) -> None:
+        """The collective's all-gather of shards padded to ceil(rows / N) rows, then the rows copied out."""
+        import torch
+        import torch.distributed as dist
+
+        shard = -(-rows // self.world_size)
+        padded = torch.zeros((shard * self.world_size, x.shape[1]), dtype=x.dtype, device=x.device)
+        mine = torch.zeros((shard, x.shape[1]), dtype=x.dtype, device=x.device)
+        mine[:x.shape[0]].copy_(x)
+        dist.all_gather_into_tensor(padded, mine, group=self._device_group)
+        out.copy_(padded[:rows])
+
