@@ -95,7 +95,7 @@ def build(path: BenchPath, case: Case, i: int) -> Step:
     residual, weight, eps = case.residual, case.weight, case.eps
     name = path.name
     if name.startswith("fused_") or name == "fallback":
-        choice = "fallback" if name == "fallback" else name.removeprefix("fused_")
+        choice = {"fallback": "fallback", "fused_chunked": "auto"}.get(name, name.removeprefix("fused_"))
         return Step(lambda: comm.allreduce_rmsnorm(x, residual, weight, eps, path=choice, out=out, residual_out=ro))
     if name == "unfused_ours":
         ar = torch.empty_like(x)

@@ -107,7 +107,7 @@ def measure(group: Group, sweep: Sweep, run: Run, case: Any, name: str) -> Optio
     from . import steps, timing
 
     path = BY_NAME[name]
-    group.open(max(MIN_MAX_BYTES, case.nbytes))
+    group.open(max(MIN_MAX_BYTES, case.nbytes) if path.buffer_bytes is None else path.buffer_bytes)
     built: list[Any] = []
     reason = None
     try:

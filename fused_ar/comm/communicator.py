@@ -27,7 +27,7 @@ from ..device.launch import arch_of, function, preload, spec_for
 from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, input_addresses, is_capturing,
                             plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
-from .policy import FallbackLog, Path, choose_path, group_fallback_reason
+from .policy import DEFAULT_MAX_BYTES, FallbackLog, Path, choose_path, group_fallback_reason
 from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
 from .report import pending_exception, read_error_word
 from .sequence import SequenceParallel
@@ -40,7 +40,6 @@ from ..device.validate import (QuantCall, RmsnormCall, check_devices, check_outp
 
 _ids = itertools.count(1)
 
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # The environment's path overrides: part of every call's plan key, so changing one takes effect at once.
 _OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_MIN_BYTES)
 PLAIN_BLOCK = 256

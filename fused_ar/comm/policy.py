@@ -26,6 +26,9 @@ class Path(str, Enum):
     FALLBACK = "fallback"
 
 
+# A communicator's buffers (each) unless it is given max_bytes: what one launch stages.
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
 # Largest input (bytes per rank) that takes the one-stage kernels; above it, two-stage.
 # MI355X, aiter #3458 (the seed's selection thresholds): TP2 896 KiB, TP4 448 KiB, TP8 224 KiB, i.e. 1792 KiB / N
 # in whole KiB; the sizes the field has not measured (3, 5, 6, 7) follow the same 1/N rule (the one-stage

@@ -13,7 +13,7 @@ import pytest
 
 from fused_ar.comm import thresholds
 from fused_ar.bench import report
-from fused_ar.bench.paths import DEFAULT_PATHS, PAIRS, parse_paths
+from fused_ar.bench.paths import BY_NAME, DEFAULT_PATHS, PAIRS, parse_paths
 from fused_ar.bench.results import Point, Run
 from fused_ar.bench.sweep import Sweep, plan
 from fused_ar.cli import _sizes, build_parser
@@ -120,7 +120,8 @@ def test_summary_fits_one_screen_and_names_crossovers():
 
 
 def test_pairs_and_paths_are_known():
-    assert all(b in DEFAULT_PATHS and c in DEFAULT_PATHS for b, c in PAIRS)
+    assert all(b in BY_NAME and c in BY_NAME for b, c in PAIRS)
+    assert "fused_chunked" not in DEFAULT_PATHS and parse_paths("fused_auto,fused_chunked")
     assert parse_paths("fused_auto,nccl_torch") == ["fused_auto", "nccl_torch"]
     with pytest.raises(ValueError, match="unknown path"):
         parse_paths("fused_auto,nvls")
@@ -148,17 +149,18 @@ def test_thresholds_round_trip_and_bad_files_are_ignored(tmp_path, monkeypatch, 
 def test_auto_follows_stored_thresholds_and_the_environment_overrides(monkeypatch):
     monkeypatch.delenv("FUSED_AR_1STAGE", raising=False)
     rule = SizeRule(one_stage_max_bytes=64 * 1024, fallback_min_bytes=4 << 20)
-    big = 64 << 20
 
     def auto(nbytes, **kw):
-        return choose_path("auto", Platform.CUDA, 8, nbytes, big, rule=rule, **kw)[0]
+        return choose_path("auto", Platform.CUDA, 8, nbytes, rule=rule, **kw)[0]
     assert auto(64 * 1024) is Path.ONE_STAGE and auto(64 * 1024 + 16) is Path.TWO_STAGE
     assert auto(4 << 20) is Path.FALLBACK and auto((4 << 20) - 16) is Path.TWO_STAGE
     assert auto(4 << 20, can_fall_back=False) is Path.TWO_STAGE  # a local group: no collective
-    why = choose_path("auto", Platform.CUDA, 8, 8 << 20, big, rule=rule)[1]
+    why = choose_path("auto", Platform.CUDA, 8, 8 << 20, rule=rule)[1]
     assert "faster through the collective" in why and str(4 << 20) in why
     # forced kernels ignore the measured fallback size
-    assert choose_path("2stage", Platform.CUDA, 8, 8 << 20, big, rule=rule)[0] is Path.TWO_STAGE
+    assert choose_path("2stage", Platform.CUDA, 8, 8 << 20, rule=rule)[0] is Path.TWO_STAGE
+    # a call in chunks: the kernel follows one launch's bytes, the measured fallback size the whole call's
+    assert auto(1 << 20, launch_bytes=64 * 1024) is Path.ONE_STAGE and auto(4 << 20, launch_bytes=1024) is Path.FALLBACK
     # without a rule, the built-in table and no size fallback
     assert one_stage_max_bytes(Platform.CUDA, 8) == 512 * 1024 and fallback_min_bytes() is None
     monkeypatch.setenv("FUSED_AR_1STAGE_MAX_BYTES", "1024")
