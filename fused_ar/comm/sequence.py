@@ -99,8 +99,7 @@ class SequenceParallel:
                               device=x.device)
         residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
         if quant is not None and scales is None:
-            groups = 1 if quant.kind is Quant.TOKEN else shape[1] // quant.group
-            scales = torch.empty((shape[0], groups), dtype=torch.float32, device=x.device)
+            scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)  # of this rank's rows
         if plan.fallback:
             if x.shape[0]:
                 self._fallback_scatter(x, residual, weight, eps, offset, out, residual_out, fp8, scales, lo, hi)
