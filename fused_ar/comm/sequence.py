@@ -278,7 +278,7 @@ class SequenceParallel:
         for first, sub in plan.chunks:
             buf = sub.buffer()
             v = buf.values
-            v.out = op
+            v.out, v.first = op, first
             v.peers, v.source_first = self._gathered_table(xp, pitch, plan, sub, first, stream)
             sub.launch(stream, buf)
         return out
