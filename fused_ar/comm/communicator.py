@@ -313,11 +313,15 @@ class Communicator(SequenceParallel):
         elif self._graphs.pending:
             self.register_graph_buffers()
         rows, row_bytes, pitch = plan.x_layout
-        if pitch == row_bytes:
-            self._runtime.copy_async(self._mem.staging, x, rows * row_bytes, stream)
-        else:
-            self._runtime.copy_rows(self._mem.staging, row_bytes, x, pitch, row_bytes, rows, stream)
+        self._stage(self._mem.staging, x, rows, row_bytes, pitch, stream)
         return self._mem.table
+
+    def _stage(self, dst: int, src: int, rows: int, row_bytes: int, pitch: int, stream: int) -> None:
+        """Copies `rows` rows of `row_bytes` (`pitch` apart at src) to dst, packed, on `stream`."""
+        if pitch == row_bytes:
+            self._runtime.copy_async(dst, src, rows * row_bytes, stream)
+        else:
+            self._runtime.copy_rows(dst, row_bytes, src, pitch, row_bytes, rows, stream)
 
     # -- ops ----------------------------------------------------------------------------------------------
     def allreduce_rmsnorm(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,

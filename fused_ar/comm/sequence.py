@@ -134,13 +134,13 @@ class SequenceParallel:
         elif self._graphs.pending:
             self.register_graph_buffers()
         if per == shard and not first:
-            self._runtime.copy_rows(self._mem.staging, row_bytes, xp, pitch, row_bytes, rows, stream)
+            self._stage(self._mem.staging, xp, rows, row_bytes, pitch, stream)
         else:
             for r in range(self.world_size):
                 n = min(max(rows - r * shard - first, 0), per)
                 if n:
-                    self._runtime.copy_rows(self._mem.staging + r * per * row_bytes, row_bytes,
-                                            xp + (r * shard + first) * pitch, pitch, row_bytes, n, stream)
+                    self._stage(self._mem.staging + r * per * row_bytes, xp + (r * shard + first) * pitch, n,
+                                row_bytes, pitch, stream)
         return self._mem.table, self.rank * per
 
     def _checked_scatter(self, key: Optional[tuple], x: Any, residual: Any, weight: Any, eps: Any, offset: Any,
@@ -304,7 +304,7 @@ class SequenceParallel:
         mine, row_bytes, _ = plan.x_layout
         n = min(max(mine - first, 0), sub.fixed["count"])
         if n:
-            self._runtime.copy_rows(self._mem.staging, row_bytes, xp + first * pitch, pitch, row_bytes, n, stream)
+            self._stage(self._mem.staging, xp + first * pitch, n, row_bytes, pitch, stream)
         return self._mem.table, 0
 
     def _checked_gather(self, key: Optional[tuple], x: Any, rows: Any, path: str, out: Any) -> tuple[CallPlan, int]:
