@@ -27,7 +27,7 @@ from ..device.launch import arch_of, function, preload, spec_for
 from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, input_addresses, is_capturing,
                             plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
-from .policy import DEFAULT_MAX_BYTES, FallbackLog, Path, choose_path, group_fallback_reason
+from .policy import DEFAULT_MAX_BYTES, FallbackLog, Path, choose_path, group_fallback_reason, overrides
 from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
 from .report import pending_exception, read_error_word
 from .sequence import SequenceParallel
@@ -40,8 +40,6 @@ from ..device.validate import (QuantCall, RmsnormCall, check_devices, check_outp
 
 _ids = itertools.count(1)
 
-# The environment's path overrides: part of every call's plan key, so changing one takes effect at once.
-_OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_MIN_BYTES)
 PLAIN_BLOCK = 256
 
 
@@ -346,24 +344,33 @@ class Communicator(SequenceParallel):
                "scales": scale if scale is not None else scales_out}
         return self._rmsnorm(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
 
+    def _rmsnorm_plan(self, checked: Any, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str,
+                      out: Any, residual_out: Any, fp8: Optional[dict]) -> tuple[CallPlan, Any, Any, tuple]:
+        """(plan, eps, weight offset, input addresses) of an add + RMSNorm op (`checked`: its full checks, which
+        make and keep the plan of its key): the kept plan where this call's pointers pass its per-call checks."""
+        scales = None if fp8 is None else fp8["scales"]
+        try:
+            key = (rmsnorm_key(x, residual, weight, out, residual_out), path, overrides(),
+                   None if fp8 is None else quant_key(fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], scales),
+                   checked.__name__)
+        except AttributeError:  # not a tensor: the full checks say so
+            key = None
+        plan = self._plans.get(key)
+        if plan is not None and plain_eps(eps) and plain_offset(offset):
+            inputs = call_inputs(plan, x, residual, weight, out, residual_out, scales)
+            if inputs is not None:
+                return plan, eps, offset, inputs
+        plan, eps, offset = checked(key, x, residual, weight, eps, offset, path, out, residual_out, fp8)
+        return plan, eps, offset, input_addresses(x, residual, weight)
+
     def _rmsnorm(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
                  residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
         import torch
 
         self.check()
         scales = None if fp8 is None else fp8["scales"]
-        try:
-            key = (rmsnorm_key(x, residual, weight, out, residual_out), path, env.raw_values(_OVERRIDES),
-                   None if fp8 is None else quant_key(fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], scales))
-        except AttributeError:  # not a tensor: the full checks say so
-            key = None
-        plan = self._plans.get(key)
-        inputs = None
-        if plan is not None and plain_eps(eps) and plain_offset(offset):
-            inputs = call_inputs(plan, x, residual, weight, out, residual_out, scales)
-        if inputs is None:
-            plan, eps, offset = self._checked_fused(key, x, residual, weight, eps, offset, path, out, residual_out, fp8)
-            inputs = input_addresses(x, residual, weight)
+        plan, eps, offset, inputs = self._rmsnorm_plan(self._checked_fused, x, residual, weight, eps, offset, path,
+                                                       out, residual_out, fp8)
         quant = plan.quant
         if out is None:
             out = torch.empty_like(x) if quant is None else \
@@ -407,7 +414,7 @@ class Communicator(SequenceParallel):
 
         self.check()
         try:
-            plan = self._plans.get((allreduce_key(x, out), path, env.raw_values(_OVERRIDES)))
+            plan = self._plans.get((allreduce_key(x, out), path, overrides()))
         except AttributeError:
             plan = None
         if plan is None or not allreduce_pointers_ok(plan.x_bytes, x, out):
@@ -515,7 +522,7 @@ class Communicator(SequenceParallel):
         # to a pack, so at least one)
         chunk = max(1, self.max_bytes // DEFAULT_PACK) * DEFAULT_PACK // size
         chosen = self._choose(path, x, unsupported, min(x.numel(), chunk) * size)
-        key = (allreduce_key(x, out), path, env.raw_values(_OVERRIDES))
+        key = (allreduce_key(x, out), path, overrides())
         if chosen is Path.FALLBACK or not x.numel():
             plan = CallPlan.fallback_plan((x, out), x.numel())
         else:

@@ -15,6 +15,14 @@ from ..jit.kernels import CROSS_GPU_NGPUS
 from ..jit.spec import Platform
 from .thresholds import SizeRule
 
+# The environment's path overrides: part of every call's plan key, so changing one takes effect at once.
+_OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_MIN_BYTES)
+
+
+def overrides() -> tuple:
+    """The raw values of the environment's path overrides, for a plan key."""
+    return env.raw_values(_OVERRIDES)
+
 KiB = 1024
 log = logging.getLogger("fused_ar")
 

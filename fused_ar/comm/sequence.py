@@ -17,15 +17,14 @@ import math
 from typing import Any, Optional
 
 from ..errors import InputError
-from ..device.plans import CallPlan, call_inputs, input_addresses, is_capturing, plain_eps, plain_offset, quant_key, \
-    raw_stream, rmsnorm_key
+from ..device.plans import CallPlan, is_capturing, raw_stream, rmsnorm_key
 from ..device.launch import arch_of, spec_for
 from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
 from ..device.validate import (check_devices, check_outputs, check_quant, check_quant_outputs, check_rmsnorm_inputs,
                                check_rows, check_scale_value, cross_gpu_limit)
 from ..jit.kernels import ALL_GATHER, REDUCE_SCATTER_RMSNORM, allreduce_rmsnorm_block
 from ..jit.spec import DEFAULT_PACK, Quant, native_fp8
-from .policy import Path, parse_path
+from .policy import Path, overrides, parse_path
 
 GATHER_BLOCK = ALL_GATHER.warm_blocks[0]
 
@@ -78,19 +77,8 @@ class SequenceParallel:
 
         self.check()
         scales = None if fp8 is None else fp8["scales"]
-        try:
-            key = ("reduce_scatter", rmsnorm_key(x, residual, weight, out, residual_out), path,
-                   None if fp8 is None else quant_key(fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], scales))
-        except AttributeError:
-            key = None
-        plan = self._plans.get(key)
-        inputs = None
-        if plan is not None and plain_eps(eps) and plain_offset(offset):
-            inputs = call_inputs(plan, x, residual, weight, out, residual_out, scales)
-        if inputs is None:
-            plan, eps, offset = self._checked_scatter(key, x, residual, weight, eps, offset, path, out, residual_out,
-                                                      fp8)
-            inputs = input_addresses(x, residual, weight)
+        plan, eps, offset, inputs = self._rmsnorm_plan(self._checked_scatter, x, residual, weight, eps, offset, path,
+                                                       out, residual_out, fp8)
         lo, hi = self.shard_rows(x.shape[0])
         shape = (hi - lo, x.shape[1])
         quant = plan.quant
@@ -259,7 +247,7 @@ class SequenceParallel:
         self.check()
         try:
             total = rows if rows is not None else out.shape[0] if out is not None else self.world_size * x.shape[0]
-            key = ("all_gather", rmsnorm_key(x, None, None, out, None), total, path)
+            key = ("all_gather", rmsnorm_key(x, None, None, out, None), total, path, overrides())
         except (AttributeError, IndexError, TypeError):
             key, total = None, rows
         plan = self._plans.get(key)
