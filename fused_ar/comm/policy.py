@@ -11,16 +11,18 @@ from typing import Optional, Sequence, Union
 
 from .. import env
 from ..errors import InputError
+from ..device.plans import PLAN_ENV
 from ..jit.kernels import CROSS_GPU_NGPUS
 from ..jit.spec import Platform
 from .thresholds import SizeRule
 
-# The environment's path overrides: part of every call's plan key, so changing one takes effect at once.
-_OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_MIN_BYTES)
+# The environment's path overrides and what a plan reads when made: part of every call's plan key, so changing
+# one takes effect at once.
+_OVERRIDES = env.raw_names(env.ONE_STAGE, env.ONE_STAGE_MAX_BYTES, env.FALLBACK_MIN_BYTES) + PLAN_ENV
 
 
 def overrides() -> tuple:
-    """The raw values of the environment's path overrides, for a plan key."""
+    """The raw values of the environment's path overrides and FUSED_AR_PDL, for a plan key."""
     return env.raw_values(_OVERRIDES)
 
 KiB = 1024

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
 from .launch import arch_of, spec_for
-from .plans import (LaunchPlan, call_inputs, input_addresses, plain_eps, plain_offset, quant_key, raw_stream,
+from .. import env
+from .plans import (PLAN_ENV, LaunchPlan, call_inputs, input_addresses, plain_eps, plain_offset, quant_key, raw_stream,
                     rmsnorm_key, span_bytes)
 from ..jit.spec import Op, Quant, native_fp8
 from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_outputs, check_quant,
@@ -71,18 +72,23 @@ _plans: dict[tuple, AddRmsnormPlan] = {}  # per key: the plan of a call whose po
 _by_pack: dict[tuple, AddRmsnormPlan] = {}  # per (key, access width, in place): every plan made
 
 
-def _plan(key: Optional[tuple], x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any,
-          residual_out: Any, fp8: Optional[tuple] = None) -> tuple[AddRmsnormPlan, tuple[int, int, int], float, float]:
+def _plan(x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
+          fp8: Optional[tuple] = None) -> tuple[AddRmsnormPlan, tuple[int, int, int], float, float]:
     """(plan, the (x, residual, weight) addresses, eps, offset) of this call: only the per-call checks when its
     key has a plan and they pass, else every check (which raises the error or builds the plan). `fp8`: the
-    FP8 call's (scale, group_size, fp8_dtype, scales)."""
+    FP8 call's (scale, group_size, fp8_dtype, scales, scales_out)."""
+    try:
+        key = (rmsnorm_key(x, residual, weight, out, residual_out), env.raw_values(PLAN_ENV),
+               None if fp8 is None else quant_key(fp8[0], fp8[1], fp8[2], fp8[4]))
+    except AttributeError:  # not a tensor: the full checks say so
+        key = None
     plan = None if key is None else _plans.get(key)
     if plan is not None and plain_eps(eps) and plain_offset(offset):
         inputs = call_inputs(plan, x, residual, weight, out, residual_out, None if fp8 is None else fp8[3])
         if inputs is not None:
             return plan, inputs, eps, offset
     plan, eps, offset = _checked_plan(key, x, residual, weight, eps, offset, out, residual_out, None if fp8 is None else
-                                      dict(zip(("scale", "group_size", "fp8_dtype", "scales"), fp8)))
+                                      dict(zip(("scale", "group_size", "fp8_dtype", "scales"), fp8[:4])))
     return plan, input_addresses(x, residual, weight), eps, offset
 
 
@@ -160,11 +166,7 @@ def add_rmsnorm(x: Any, residual: Optional[Any], weight: Optional[Any], eps: flo
     """
     import torch
 
-    try:
-        key = rmsnorm_key(x, residual, weight, out, residual_out)
-    except AttributeError:  # not a tensor: the full checks say so
-        key = None
-    plan, inputs, eps, weight_offset = _plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
+    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out)
     out = torch.empty_like(x) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
     plan.run(out, residual_out, inputs, eps, weight_offset)
@@ -188,13 +190,9 @@ def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps:
     """
     import torch
 
-    try:
-        key = (rmsnorm_key(x, residual, weight, out, residual_out), quant_key(scale, group_size, fp8_dtype, scales_out))
-    except AttributeError:
-        key = None
     scales = scale if scale is not None else scales_out
-    plan, inputs, eps, weight_offset = _plan(key, x, residual, weight, eps, weight_offset, out, residual_out,
-                                             (scale, group_size, fp8_dtype, scales))
+    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out,
+                                             (scale, group_size, fp8_dtype, scales, scales_out))
     quant = plan.quant
     if out is None:
         out = torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
@@ -208,7 +206,6 @@ def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps:
 def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float,
                      weight_offset: float = 0.0) -> None:
     """The fallback's epilogue: writes into given outputs (the caller validated the call)."""
-    key = rmsnorm_key(x, residual, weight, out, residual_out)
-    plan, inputs, eps, weight_offset = _plan(key, x, residual, weight, eps, weight_offset, out, residual_out)
+    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out)
     plan.run(out, residual_out, inputs, eps, weight_offset)
 

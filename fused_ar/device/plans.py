@@ -50,6 +50,11 @@ class ArgBuffer:
         self.address = ctypes.c_void_p(ctypes.addressof(self.pointers))
 
 
+# What a plan reads from the environment when it is made (FUSED_AR_PDL): part of every plan key, so a change
+# takes effect at the next call.
+PLAN_ENV = env.raw_names(env.PDL)
+
+
 class LaunchPlan:
     """A kernel ready to launch on one device with a fixed grid and the arguments that do not change."""
 
