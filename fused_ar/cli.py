@@ -471,7 +471,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # Options of one benchmark only: given to another, they would be silently ignored.
-_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "profile": "host",
+_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "fp8": "add_rmsnorm", "profile": "host",
                "paths": "allreduce_rmsnorm", "write_thresholds": "allreduce_rmsnorm", "one_process": "allreduce_rmsnorm"}
 
 
@@ -506,7 +506,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             fail(f"dtype {','.join(d.value for d in args.dtype)}: bench add_rmsnorm takes one")
         return bench_add_rmsnorm(argparse.Namespace(
             dtype=args.dtype[0], hidden=args.hidden or [4096, 8192], out=args.out, sweep_blocks=args.sweep_blocks,
-            variants=args.variants,
+            variants=args.variants, fp8=args.fp8,
             m=args.m or [1, 4, 16, 64, 256, 1024, 4096, 16384]))
     from .bench.paths import DEFAULT_PATHS
     from .bench.sweep import run_sweep
@@ -626,6 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-blocks", action="store_true", help="add_rmsnorm: also time every block size")
     p.add_argument("--variants", action="store_true",
                    help="add_rmsnorm: also time strided rows, an fp32 weight and in place against contiguous")
+    p.add_argument("--fp8", action="store_true",
+                   help="add_rmsnorm: also FP8 output (static, per-row and per-group scales) against the peers")
     p.add_argument("--profile", action="store_true", help="host: add cProfile's top functions of the fused calls")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -1,19 +1,25 @@
-"""`python -m fused_ar bench add_rmsnorm`: the local kernel against torch eager and torch.compile.
+"""`python -m fused_ar bench add_rmsnorm`: the local kernel against every peer importable here (bench/peers.py:
+FlashInfer, Liger, torch.compile, torch eager), in T and with `--fp8` FP8 output, in the same run.
 
-Method (docs/design.md section 7): the floor first (device copy bandwidth, measured here),
-then each variant captured K times into one CUDA graph, replays timed with events, median per call;
-fresh random inputs, outputs poisoned and checked before timing. Also the compile cost (cold / cached).
+Method (docs/design.md section 7): the floor first (bytes over the device copy bandwidth, measured here),
+then each kernel, in place as the engines call them, captured K times into one CUDA graph; the replays of
+all kernels of a shape taken in turn, timed with events, median per call; fresh random inputs; each
+kernel's first call checked against a float64 reference (its max error is a column). Also the compile cost
+(cold / cached).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
+from .peers import Peer, fp8_peers, t_peers
 from .results import publish
 
 CALLS_PER_GRAPH = 20
@@ -163,51 +169,155 @@ def _variant_rows(torch: Any, dtype: Any, eps: float, hidden: list[int], ms: lis
     return rows
 
 
+@contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def _ours(torch: Any, fp8: Optional[tuple]) -> list[Peer]:
+    """Our kernel in place, as the peers run (and with PDL forced off where the device has it)."""
+    from .. import env
+    from ..backends import current_runtime
+    from ..device.launch import arch_of
+    from ..device.ops import add_rmsnorm, add_rmsnorm_fp8
+
+    if fp8 is None:
+        def run(x: Any, r: Any, w: Any, eps: float) -> tuple:
+            return add_rmsnorm(x, r, w, eps, out=x, residual_out=r)
+    else:
+        mode, group, scale, dtype, _ = fp8
+        made: dict = {}
+
+        def run(x: Any, r: Any, w: Any, eps: float) -> tuple:
+            if x.shape not in made:  # outputs made once, as a server's graphs have them
+                q = torch.empty(x.shape, dtype=dtype, device=x.device)
+                scales = None if mode == "static" else torch.empty(
+                    (x.shape[0], 1 if mode == "token" else x.shape[1] // group), dtype=torch.float32, device=x.device)
+                made[x.shape] = q, scales
+            q, scales = made[x.shape]
+            return add_rmsnorm_fp8(x, r, w, eps, scale=scale if mode == "static" else None,
+                                   group_size=group if mode == "group" else None, fp8_dtype=dtype, out=q,
+                                   residual_out=r, scales_out=scales)
+    ours = [Peer(OURS, lambda: run)]
+    if current_runtime().supports_pdl(arch_of(torch.cuda.current_device())):
+        def no_pdl(x: Any, r: Any, w: Any, eps: float) -> tuple:
+            with _env(env.PDL.name, "0"):  # part of the plan key: this call's plan launches without PDL
+                return run(x, r, w, eps)
+        ours.append(Peer(f"{OURS}, PDL off", lambda: no_pdl))
+    return ours
+
+
+OURS = "fused_ar"
+
+
+def _reference(torch: Any, x: Any, r: Any, w: Any, eps: float) -> Any:
+    """The float64 add + RMSNorm of the inputs (no rounding between the add and the norm)."""
+    s = x.double() + r.double()
+    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def _peer_rows(torch: Any, m: int, n: int, dtype: Any, eps: float, entries: list[Peer], nbytes: int,
+               fp8: Optional[tuple]) -> list[dict[str, Any]]:
+    """Per entry at (m, n): time (interleaved replays), effective bandwidth and max error against float64 (FP8:
+    of q times its scale, and the share of q's bytes unlike torch's quantization of the entry's own T out);
+    an entry that is missing or fails is a row that says why."""
+    x0, r0 = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(2))
+    w = torch.rand(n, device="cuda", dtype=dtype) + 0.5
+    ref = _reference(torch, x0, r0, w, eps)
+    rows: dict[str, dict[str, Any]] = {}
+    calls: dict[str, Callable[[], Any]] = {}
+    for peer in entries:
+        row = rows[peer.name] = {"m": m, "n": n, "impl": peer.name, "note": peer.missing or peer.note}
+        if peer.make is None:
+            continue
+        try:
+            run = peer.make()
+            got = run(x0.clone(), r0.clone(), w, eps)
+            torch.cuda.synchronize()
+            if fp8 is None:
+                row["max_err"] = (got[0].double() - ref).abs().max().item()
+            else:
+                q, _, scales = got
+                s = scales.reshape(()) if scales.numel() == 1 else scales.double().repeat_interleave(
+                    n // scales.shape[-1], dim=-1)
+                row["max_err"] = (q.double() * s - ref).abs().max().item()
+            xt, rt = x0.clone(), r0.clone()
+            calls[peer.name] = lambda run=run, xt=xt, rt=rt: run(xt, rt, w, eps)
+        except Exception as e:  # a peer's failure is its row's, not the run's
+            row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    times = _interleaved_us(torch, calls)
+    ours = times.get(OURS)
+    for name, t in times.items():
+        rows[name].update(us=t, TBps=nbytes / (t * 1e-6) / 1e12, vs_ours=t / ours if ours else None)
+    return list(rows.values())
+
+
+def _peer_table(rows: list[dict[str, Any]], copy_bw: float, floors: dict) -> list[str]:
+    lines = ["| m x n | kernel | us | time / ours | TB/s | max error | note |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for (m, n), floor in floors.items():
+        lines.append(f"| {m} x {n} | copy floor | {floor:.2f} | | {copy_bw / 1e12:.2f} | | bytes / copy bandwidth |")
+        for r in (r for r in rows if (r["m"], r["n"]) == (m, n)):
+            if "us" not in r:
+                lines.append(f"| {m} x {n} | {r['impl']} | | | | | {r['note']} |")
+                continue
+            lines.append(f"| {m} x {n} | {r['impl']} | {r['us']:.2f} | {r['vs_ours']:.2f} | {r['TBps']:.2f} | "
+                         f"{r['max_err']:.4g} | {r['note']} |")
+    return lines
+
+
+FP8_MODES = (("static", None), ("token", None), ("group", 128))
+
+
 def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
-    import torch.nn.functional as F
-
-    from ..jit.kernels import add_rmsnorm_block
-    from ..device.ops import add_rmsnorm
-    from .timing import copy_bandwidth
 
     from ..device.validate import require_gpu
+    from .timing import copy_bandwidth
+
+    from ..jit.kernels import add_rmsnorm_block
 
     require_gpu("python -m fused_ar bench add_rmsnorm")
     dtype = getattr(torch, args.dtype.torch_name)
     eps = 1e-6
     copy_bw = copy_bandwidth(torch.cuda.current_device())
     cost = _compile_cost(dtype)
-
-    def unfused(x, r, w):
-        ro = x + r
-        return F.rms_norm(ro, (ro.shape[-1],), w, eps), ro
-
-    # one specialization per shape, as a serving engine with captured graphs would have
-    for knob in ("recompile_limit", "cache_size_limit"):
+    for knob in ("recompile_limit", "cache_size_limit"):  # one specialization per shape
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 1024)
-    compiled = torch.compile(unfused, dynamic=False)
-    rows = []
+    rows, fp8_rows, floors, fp8_floors = [], [], {}, {}
+    size = dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()
+    entries = _ours(torch, None) + t_peers(torch)
     for n in args.hidden:
         for m in args.m:
-            x, r = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(2))
-            w = torch.randn(n, device="cuda", dtype=dtype)
-            out = torch.full_like(x, float("nan"))
-            ro = torch.full_like(x, float("nan"))
-            add_rmsnorm(x, r, w, eps, out=out, residual_out=ro)
-            ref_out, ref_ro = unfused(x.float(), r.float(), w.float())
-            assert torch.equal(ro, (x.float() + r.float()).to(dtype)), f"residual_out wrong at m={m} n={n}"
-            assert not torch.isnan(out).any(), f"out not fully written at m={m} n={n}"
-            ours = _graph_time_us(torch, lambda: add_rmsnorm(x, r, w, eps, out=out, residual_out=ro))
-            eager = _graph_time_us(torch, lambda: unfused(x, r, w))
-            comp = _graph_time_us(torch, lambda: compiled(x, r, w))
-            nbytes = (4 * m * n + n) * x.element_size()
-            bw = nbytes / (ours * 1e-6)
-            rows.append({"m": m, "n": n, "ours_us": ours, "eager_us": eager, "compile_us": comp,
-                         "ours_GBps": bw / 1e9, "pct_copy_bw": 100 * bw / copy_bw, "floor_us": nbytes / copy_bw * 1e6})
-            print(f"m={m:6d} n={n:5d} ours {ours:8.2f} us  eager {eager:8.2f}  compile {comp:8.2f}  "
-                  f"{bw / 1e9:7.0f} GB/s ({100 * bw / copy_bw:5.1f}% of copy)", flush=True)
+            nbytes = (4 * m * n + n) * size  # x, residual read; out, residual_out written; the weight
+            floors[(m, n)] = nbytes / copy_bw * 1e6
+            got = _peer_rows(torch, m, n, dtype, eps, entries, nbytes, None)
+            rows += got
+            print(f"m={m:6d} n={n:5d} " + "  ".join(f"{r['impl']} {r['us']:.2f}" for r in got if "us" in r), flush=True)
+    if args.fp8:
+        fmt, big = torch.float8_e4m3fn, 448.0
+        scale = torch.tensor([0.05], device="cuda")
+        for mode, group in FP8_MODES:
+            fp8 = (mode, group, scale, fmt, big)
+            entries = _ours(torch, fp8) + fp8_peers(torch, mode, group, scale, fmt, big)
+            for n in (n for n in args.hidden if group is None or n % group == 0):
+                for m in args.m:
+                    scales = 4 * m * (1 if mode == "token" else n // group) if mode != "static" else 0
+                    nbytes = (3 * m * n + n) * size + m * n + scales
+                    fp8_floors[(mode, m, n)] = nbytes / copy_bw * 1e6
+                    got = _peer_rows(torch, m, n, dtype, eps, entries, nbytes, fp8)
+                    fp8_rows += [{**r, "mode": mode} for r in got]
+                    print(f"fp8 {mode} m={m:6d} n={n:5d} " + "  ".join(
+                        f"{r['impl']} {r['us']:.2f}" for r in got if "us" in r), flush=True)
 
     sweep = _block_sweep(torch, dtype, eps, args.hidden) if args.sweep_blocks else []
     variant_ms = [m for m in args.m if m >= VARIANT_MIN_M] or [VARIANT_MIN_M]
@@ -218,18 +328,21 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
              "",
              f"Command: `python -m fused_ar bench add_rmsnorm --dtype {args.dtype.value} --hidden "
              f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}"
-             f"{' --sweep-blocks' if args.sweep_blocks else ''}{' --variants' if args.variants else ''}`",
-             f"torch {torch.__version__}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; "
-             f"graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, per call.",
+             f"{' --fp8' if args.fp8 else ''}{' --sweep-blocks' if args.sweep_blocks else ''}"
+             f"{' --variants' if args.variants else ''}`",
+             f"torch {torch.__version__}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; every "
+             f"kernel in place, a graph of {CALLS_PER_GRAPH} calls each, the {REPLAYS} replays of a shape's kernels "
+             "taken in turn, median per call. time / ours: over 1, ours is faster. Max error: of out against "
+             "the float64 add + RMSNorm of the inputs.",
              f"Compile cost: cold {cost['cold_s'] * 1e3:.0f} ms, from the disk cache {cost['cached_s'] * 1e3:.2f} ms "
              "(render + key + read + verify + load, to a launchable function).",
              "",
-             "| m | n | floor us | ours us | eager us | compile us | ours GB/s | % copy BW | vs eager | vs compile |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['m']} | {r['n']} | {r['floor_us']:.2f} | {r['ours_us']:.2f} | {r['eager_us']:.2f} | "
-                     f"{r['compile_us']:.2f} | {r['ours_GBps']:.0f} | {r['pct_copy_bw']:.1f} | "
-                     f"{r['eager_us'] / r['ours_us']:.2f}x | {r['compile_us'] / r['ours_us']:.2f}x |")
+             ""] + _peer_table(rows, copy_bw, floors)
+    for mode, _ in FP8_MODES if args.fp8 else ():
+        lines += ["", f"FP8 output (float8_e4m3fn), {mode} scales; max error: of q x its scale against the "
+                  "float64 reference:", ""]
+        lines += _peer_table([r for r in fp8_rows if r["mode"] == mode], copy_bw,
+                             {(m, n): t for (md, m, n), t in fp8_floors.items() if md == mode})
     if sweep:
         blocks = sorted({b for _, _, b, _ in sweep})
         lines += ["", "Block-size sweep (us per call; the policy `kernels.add_rmsnorm_block` picks *):", "",
@@ -237,7 +350,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
                   "| ---: | ---: | " + " | ".join("---:" for _ in blocks) + " |"]
         for m, n in sorted({(m, n) for m, n, _, _ in sweep}, key=lambda t: (t[1], t[0])):
             cells = {b: t for mm, nn, b, t in sweep if (mm, nn) == (m, n)}
-            picked = add_rmsnorm_block(n * x.element_size() // 16)
+            picked = add_rmsnorm_block(n * size // 16)
             lines.append(f"| {m} | {n} | " + " | ".join(f"{cells[b]:.2f}{'*' if b == picked else ''}" for b in blocks)
                          + " |")
     if variants:
@@ -252,5 +365,6 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
                 for name in names) + " |")
     publish("\n".join(lines) + "\n", args.out, "add_rmsnorm", {
         "gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
+        "fp8_rows": fp8_rows,
         "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep], "variants": variants})
     return 0

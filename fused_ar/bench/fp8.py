@@ -13,24 +13,10 @@ import argparse
 import statistics
 from typing import Any, Callable
 
+from .peers import quantize
 from .results import publish
 
 MODES = (("static", None), ("token", None), ("group", 128))
-
-
-def _quantize(torch: Any, y: Any, mode: str, big: float, fp8: Any, scale: Any, group: Any) -> tuple[Any, Any]:
-    """torch's quantization of an RMSNorm output, as docs/design.md section 1b writes it."""
-    y = y.float()
-    if mode == "static":
-        s = s_full = scale.reshape(())
-    elif mode == "token":  # amax / M as IEEE division (dividing by a Python scalar multiplies by its reciprocal)
-        amax = y.abs().amax(-1, keepdim=True)
-        s = s_full = torch.clamp(amax / torch.full_like(amax, big), min=1 / (512 * big))
-    else:
-        amax = y.view(*y.shape[:-1], -1, group).abs().amax(-1)
-        s = torch.clamp(amax / torch.full_like(amax, big), min=1 / (512 * big))
-        s_full = s.repeat_interleave(group, dim=-1)
-    return (y * (1.0 / s_full)).clamp(-big, big).to(fp8), s
 
 
 def _capture(torch: Any, streams: list, steps: list[Callable[[], Any]], calls: int) -> list:
@@ -84,7 +70,7 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
     m, n = residual.shape
     static = scale if mode == "static" else None
     q = [(torch.empty(m, n, device="cuda", dtype=fp8), torch.empty_like(residual),
-          None if static is not None else torch.empty(_quantize(torch, residual, mode, big, fp8, scale, group)[1].shape,
+          None if static is not None else torch.empty(quantize(torch, residual, mode, big, fp8, scale, group)[1].shape,
                                                       device="cuda")) for _ in comms]
     plain = [(torch.empty_like(residual), torch.empty_like(residual)) for _ in comms]
 
@@ -95,7 +81,7 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
     def unfused(r: int, c: Any) -> Callable[[], Any]:
         def step() -> Any:
             out, _ = c.allreduce_rmsnorm(xs[r], residual, weight, out=plain[r][0], residual_out=plain[r][1])
-            return _quantize(torch, out, mode, big, fp8, scale, group)
+            return quantize(torch, out, mode, big, fp8, scale, group)
         return step
 
     results = {}
@@ -109,7 +95,7 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
                 outs.append(step())
         torch.cuda.synchronize()
         if name == "fused":
-            ref_q, ref_s = _quantize(torch, _reference_out(torch, comms, streams, xs, residual, weight, plain), mode, big,
+            ref_q, ref_s = quantize(torch, _reference_out(torch, comms, streams, xs, residual, weight, plain), mode, big,
                                      fp8, scale, group)
             assert torch.equal(q[0][0].view(torch.uint8), ref_q.view(torch.uint8)), f"{mode}: q differs from torch's"
             if static is None:

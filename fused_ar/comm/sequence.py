@@ -179,7 +179,10 @@ class SequenceParallel:
                            "stages a row of every shard")
         if chosen is not Path.FALLBACK:
             chosen = self._choose(path, x, unsupported, per * self.world_size * row_bytes)
-        in_place = residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr()
+        # An empty shard's tensors all have address 0: there only the call's own words say in place, so the
+        # rank picks the kernel its peers do (in a local group a kernel loaded while they spin waits on them).
+        in_place = residual_out is not None and residual is not None and (
+            residual_out is residual if hi == lo else residual_out.data_ptr() == residual.data_ptr())
         tensors = (x, residual, weight, out if fp8 is None else None, residual_out)
         q_tensors = () if fp8 is None else (out, fp8["scales"])
         if chosen is Path.FALLBACK:

@@ -282,3 +282,35 @@ def test_publish_prints_and_writes_each_file(tmp_path, capsys):
     publish("| a |\n", str(tmp_path / "out"), "x", {"k": 1}, **{"x.csv": "k\n1\n"})
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["x.csv", "x.json", "x.md"]
     assert json.loads((tmp_path / "out" / "x.json").read_text()) == {"k": 1}
+
+
+def test_peers_missing_here_are_rows_that_say_so_and_torch_ones_run():
+    """No FlashInfer or Liger on this machine: their rows say "not installed"; torch eager and torch.compile
+    compute add + RMSNorm (and its FP8 form) on the CPU, and the table prints every row."""
+    import torch
+
+    from fused_ar.bench.add_rmsnorm import _peer_table, _reference
+    from fused_ar.bench.peers import fp8_peers, t_peers
+
+    peers = {p.name: p for p in t_peers(torch)}
+    assert set(peers) == {"FlashInfer fused_add_rmsnorm, PDL on", "FlashInfer fused_add_rmsnorm, PDL off",
+                          "Liger fused add + RMSNorm", "torch.compile", "torch eager"}
+    for name in ("FlashInfer fused_add_rmsnorm, PDL on", "Liger fused add + RMSNorm"):
+        assert peers[name].make is None and peers[name].missing.startswith("not installed (ModuleNotFoundError")
+    x, r = torch.randn(4, 64), torch.randn(4, 64)
+    w = torch.rand(64) + 0.5
+    ref = _reference(torch, x, r, w, 1e-6)
+    out, ro = peers["torch eager"].make()(x, r, w, 1e-6)
+    assert torch.equal(ro, x + r) and (out.double() - ref).abs().max() < 1e-5
+    scale = torch.tensor([0.05])
+    for mode, group in (("static", None), ("token", None), ("group", 16)):
+        fp8 = {p.name: p for p in fp8_peers(torch, mode, group, scale, torch.float8_e4m3fn, 448.0)}
+        assert ("FlashInfer fused_add_rmsnorm_quant, PDL on" in fp8) == (mode == "static")
+        q, ro, s = fp8["torch eager"].make()(x, r, w, 1e-6)
+        assert q.dtype == torch.float8_e4m3fn and torch.equal(ro, x + r)
+        assert s.shape == {"static": (), "token": (4, 1), "group": (4, 4)}[mode]
+    rows = [{"m": 4, "n": 64, "impl": "fused_ar", "note": "", "us": 2.0, "vs_ours": 1.0, "TBps": 0.5, "max_err": 0.01},
+            {"m": 4, "n": 64, "impl": "Liger fused add + RMSNorm", "note": peers["Liger fused add + RMSNorm"].missing}]
+    table = _peer_table(rows, 4e12, {(4, 64): 0.25})
+    assert table[2].startswith("| 4 x 64 | copy floor | 0.25 |") and "| 2.00 | 1.00 | 0.50 | 0.01 |" in table[3]
+    assert "not installed" in table[4]

@@ -92,6 +92,23 @@ def test_reduce_scatter_fp8_rows_are_the_fused_fp8_rows(group, fmt, mode, group_
             assert torch.equal(gs, s if scale is not None else s[lo:hi]), f"m={m} rank {r}: scales"
 
 
+def test_in_place_with_empty_shards(group):
+    """residual_out=residual on every rank, m < N (the last shards empty, their tensors at address 0): each
+    rank's residual shard becomes the fused op's residual_out rows, and no rank waits on another's kernel."""
+    comms = group[0]
+    ranks, n = len(comms), 4096
+    for m in (1, 2, ranks + 1):
+        xs, residual, weight = make_inputs(ranks, m, n, torch.bfloat16, seed=m + 7 * ranks)
+        full_out, full_ro = whole(group, xs, residual, weight)
+        bounds = [c.shard_rows(m) for c in comms]
+        shards = [residual[lo:hi].clone() for lo, hi in bounds]
+        outs = [poisoned(s) for s in shards]
+        run_ranks(group, lambda r, c: c.reduce_scatter_rmsnorm(xs[r], shards[r], weight, out=outs[r],
+                                                               residual_out=shards[r]))
+        for r, (lo, hi) in enumerate(bounds):
+            assert torch.equal(outs[r], full_out[lo:hi]) and torch.equal(shards[r], full_ro[lo:hi]), f"m={m} r={r}"
+
+
 def test_chunks_graphs_and_torch_ops(small):
     comms, streams = small
     ranks, n, dtype = len(comms), 4096, torch.bfloat16

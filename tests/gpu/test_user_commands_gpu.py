@@ -81,10 +81,17 @@ def test_communicator_in_a_process_group_takes_a_torch_device(tmp_path):
 
 def test_bench_add_rmsnorm_with_its_options(tmp_path):
     proc = _run("-m", "fused_ar", "bench", "add_rmsnorm", "--hidden", "2048,8200", "--m", "1,1024", "--variants",
-                "--sweep-blocks", "--out", str(tmp_path / "n"))
+                "--sweep-blocks", "--fp8", "--out", str(tmp_path / "n"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = (tmp_path / "n" / "add_rmsnorm.md").read_text()
     assert "Block-size sweep" in table and "Variants against the contiguous call" in table
+    for mode in ("static", "token", "group"):
+        assert f"FP8 output (float8_e4m3fn), {mode} scales" in table
+    shapes = [f"| {m} x {n} |" for n in (2048, 8200) for m in (1, 1024)]
+    for row in ("copy floor", "fused_ar", "torch eager", "torch.compile", "FlashInfer fused_add_rmsnorm, PDL on",
+                "Liger fused add + RMSNorm"):
+        assert all(f"{shape} {row} |" in table for shape in shapes), row
+    assert not [line for line in table.splitlines() if "| fused_ar" in line and "failed:" in line], table
     assert (tmp_path / "n" / "add_rmsnorm.json").is_file()
 
 
