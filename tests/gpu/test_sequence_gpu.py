@@ -18,7 +18,12 @@ from tests.reference import assert_rmsnorm_matches
 pytestmark = pytest.mark.gpu
 
 MS = [1, 2, 7, 16, 17, 64, 1000]
-SMALL = 3 * 4096 * 4 + 48  # a few rows: the calls below run in chunks
+ROW = 4096 * 2  # a bf16 row of the chunked test
+
+
+def small_bytes(ranks: int) -> int:
+    """A staging buffer of 3 rows of every shard (and a little): the calls of the chunked test run in chunks."""
+    return 3 * ranks * ROW + 48
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4, 5, 7, 8], ids=lambda n: f"N{n}")
@@ -28,7 +33,7 @@ def group(request):
 
 @pytest.fixture(scope="module", params=[3, 8], ids=lambda n: f"N{n}")
 def small(request):
-    yield from emulated_group(request.param, SMALL)
+    yield from emulated_group(request.param, small_bytes(request.param))
 
 
 def scatter_and_gather(group, xs, residual, weight, path="auto"):
