@@ -37,9 +37,9 @@ class AddRmsnormPlan(LaunchPlan):
         block, short_rows = add_rmsnorm_kernel(-(-cols * dtype.itemsize // pack))
         if quant is None:
             variant = {"short_rows": short_rows}
-        else:  # the T call's block: the same sum order, so the codes quantize that call's out exactly
+        else:  # the T call's block and packs per thread: the same sum order, so the codes quantize its out exactly
             block = min(block, FP8_MAX_BLOCK)
-            variant = {"quant": quant.kind, "fp8": quant.fmt}
+            variant = {"quant": quant.kind, "fp8": quant.fmt, "short_rows": short_rows}
         spec = spec_for(Op.ADD_RMSNORM, dtype, device, block, pack=pack, weight=call.weight,
                         residual=call.residual_stride is not None, inplace=in_place, **variant)
         fixed = {"rows": rows, "cols": cols, "x_stride": call.x.row_stride, "residual_stride": call.residual_stride or 0,

@@ -81,14 +81,15 @@ FP8_MAX_BLOCK = 512
 
 def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
     """An RMSNorm spec's FP8 outputs: each kind of scale, in both formats (blocks up to FP8_MAX_BLOCK)."""
-    if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK or spec.short_rows:
+    if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK:
         return []
     return [replace(spec, quant=q, fp8=f) for q in (Quant.STATIC, Quant.TOKEN, Quant.GROUP) for f in Fp8Format]
 
 
 def check_specs(arch: str) -> list[KernelSpec]:
     """What the compile tests build beyond the warm matrix: every variant of each RMSNorm op and dtype at its
-    largest block (the most registers) and group size, and of each short-row kernel (registers bounded)."""
+    largest block (the most registers) and group size, and of each short-row kernel (registers bounded), in T
+    and with each FP8 output."""
     widest: dict[tuple, KernelSpec] = {}
     short: list[KernelSpec] = []
     for spec in warm_matrix([arch], list(DType), [1, max(SUPPORTED_NGPUS)]):
@@ -101,7 +102,8 @@ def check_specs(arch: str) -> list[KernelSpec]:
             if key not in widest or spec.block > widest[key].block:
                 widest[key] = spec
     return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))] + \
-        [v for spec in short for v in variant_specs(spec)]
+        [v for spec in short for v in variant_specs(spec)] + \
+        [v for spec in short for base in [spec] + variant_specs(spec) for v in fp8_specs(base)]
 
 
 def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
@@ -156,12 +158,16 @@ def short_row_blocks() -> frozenset[int]:
 
 def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
     """Resident blocks per SM the kernel asks the compiler for (0: no ask, the whole register file): the
-    measured cases above (16-bit x, 16-byte access, T output, up to 512 threads a block). fp32 x, whose sum
-    of squares is double, spills 8 bytes at 1024 threads even with short rows (cuobjdump resource usage)."""
-    if spec.dtype.itemsize != 2 or spec.pack != DEFAULT_PACK or spec.block > 512 or spec.quant is not Quant.NONE:
+    measured cases above (16-bit x, 16-byte access, up to 512 threads a block; long rows only with T output).
+    fp32 x, whose sum of squares is double, spills 8 bytes at 1024 threads even with short rows (cuobjdump
+    resource usage)."""
+    if spec.dtype.itemsize != 2 or spec.pack != DEFAULT_PACK or spec.block > 512:
         return 0
     if spec.short_rows:
-        return SHORT_ROW_THREADS // spec.block
+        # FP8 output fits too (62-63 registers on sm_90), except with an fp32 weight: 8-16 bytes of stack
+        return 0 if spec.quant is not Quant.NONE and spec.weight is WeightKind.FP32 else SHORT_ROW_THREADS // spec.block
+    if spec.quant is not Quant.NONE:
+        return 0
     return max(1, LONG_ROW_THREADS // spec.block) if spec.weight is not WeightKind.FP32 else 0
 
 

@@ -186,9 +186,8 @@ class KernelSpec:
             raise ValueError(f"{self.op.value} has no weight, residual, in-place or FP8 variants")
         if not all(isinstance(v, bool) for v in (self.residual, self.inplace, self.short_rows)):
             raise ValueError("residual, inplace and short_rows are booleans")
-        if self.short_rows and (self.op is not Op.ADD_RMSNORM or self.quant is not Quant.NONE):
-            raise ValueError(f"short_rows is a variant of add_rmsnorm with T output, not of {self.op.value}"
-                             + ("" if self.quant is Quant.NONE else f" with quant={self.quant.value}"))
+        if self.short_rows and self.op is not Op.ADD_RMSNORM:
+            raise ValueError(f"short_rows is a variant of add_rmsnorm, not of {self.op.value}")
         if self.ngpus not in SUPPORTED_NGPUS:
             raise ValueError(f"ngpus={self.ngpus}: must be one of {SUPPORTED_NGPUS}")
         if self.block not in BLOCK_SIZES:

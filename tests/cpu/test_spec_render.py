@@ -82,14 +82,13 @@ def test_cli_source_prints_rendered_text():
     assert proc.stdout == render(KernelSpec("add_rmsnorm", "fp32", "sm_90", block=128)).text
 
 
-def test_short_rows_is_a_variant_of_add_rmsnorm_with_t_output_only():
-    spec = KernelSpec("add_rmsnorm", "bf16", "sm_90", short_rows=True)
-    assert spec.kernel_name.endswith("_short") and "short_rows=True" in str(spec)
-    assert KernelSpec.from_dict(spec.to_dict()) == spec
+def test_short_rows_is_a_variant_of_add_rmsnorm_only():
+    for quant in ("none", "token"):
+        spec = KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=quant, short_rows=True)
+        assert spec.kernel_name.endswith("_short") and "short_rows=True" in str(spec)
+        assert KernelSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(ValueError, match="allreduce_rmsnorm_1stage"):
         KernelSpec("allreduce_rmsnorm_1stage", "bf16", "sm_90", ngpus=2, short_rows=True)
-    with pytest.raises(ValueError, match="quant=token"):
-        KernelSpec("add_rmsnorm", "bf16", "sm_90", quant="token", short_rows=True)
     with pytest.raises(ValueError, match="booleans"):
         KernelSpec("add_rmsnorm", "bf16", "sm_90", short_rows=1)
 
@@ -114,6 +113,11 @@ def test_short_rows_hold_two_packs_and_ask_for_more_resident_threads():
     assert defines(KernelSpec(**bf16, pack=2, short_rows=True))[1] == "#define FA_MIN_BLOCKS 0"
     assert defines(KernelSpec(op="add_rmsnorm", dtype="fp32", arch="sm_90", short_rows=True)) == \
         ["#define FA_REG_PACKS 2", "#define FA_MIN_BLOCKS 0"]  # a double sum of squares: 1024 threads spill
+    for quant in ("static", "token", "group"):  # FP8 output of short rows: as T, but an fp32 weight asks for none
+        assert defines(KernelSpec(**bf16, block=512, short_rows=True, quant=quant)) == \
+            ["#define FA_REG_PACKS 2", f"#define FA_MIN_BLOCKS {SHORT_ROW_THREADS // 512}"]
+        assert defines(KernelSpec(**bf16, short_rows=True, quant=quant, weight="fp32"))[1] == "#define FA_MIN_BLOCKS 0"
+        assert defines(KernelSpec(**bf16, block=512, quant=quant)) == ["#define FA_REG_PACKS 4", "#define FA_MIN_BLOCKS 0"]
 
 
 @pytest.mark.parametrize("dtype,cols,block,short", [

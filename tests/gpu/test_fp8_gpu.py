@@ -69,6 +69,31 @@ def test_add_rmsnorm_fp8_matches_torch(fmt, mode, group, dtype, m, n):
     assert torch.equal(scales.reshape(ref_s.shape), ref_s)
 
 
+@pytest.mark.parametrize("variant", ["in_place", "fp32_weight", "no_weight_no_residual"])
+@pytest.mark.parametrize("mode,group", MODES[:3], ids=["static", "token", "group128"])
+@pytest.mark.parametrize("n", [2048, 8192, 16384])  # short rows of 256 and 512 threads, long rows
+def test_add_rmsnorm_fp8_variants_quantize_their_t_out(variant, mode, group, n):
+    """Each kernel variant (in place, an fp32 weight, neither weight nor residual), short and long rows: q and
+    the scales are torch's quantization of the T call's out of the same variant, residual_out its bits."""
+    g = torch.Generator(device="cuda").manual_seed(n + len(variant))
+    m = 33
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+    residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    weight = torch.rand(n, device="cuda", generator=g) + 0.5
+    weight = weight if variant == "fp32_weight" else weight.to(torch.bfloat16)
+    if variant == "no_weight_no_residual":
+        weight = residual = None
+    scale = torch.tensor([0.02], device="cuda") if mode == "static" else None
+    out, ro = fused_ar.add_rmsnorm(x, residual, weight, 1e-6)
+    res8 = None if residual is None else residual.clone()
+    q, ro8, scales = fused_ar.add_rmsnorm_fp8(x, res8, weight, 1e-6, scale=scale, group_size=group,
+                                              residual_out=res8 if variant == "in_place" else None)
+    ref_q, ref_s = torch_quant(out, mode, "e4m3fn", scale, group)
+    assert torch.equal(ro8, ro) and (variant != "in_place" or ro8.data_ptr() == res8.data_ptr())
+    assert torch.equal(_bits(q), _bits(ref_q)), f"{(_bits(q) != _bits(ref_q)).sum().item()} codes differ"
+    assert torch.equal(scales.reshape(ref_s.shape), ref_s)
+
+
 def test_fp8_extremes_and_defaults():
     """Rows that saturate, rows of zeros (the minimum scale) and tiny values (FP8 subnormals)."""
     n = 1024
