@@ -227,8 +227,7 @@ def _reference(torch: Any, x: Any, r: Any, w: Any, eps: float) -> Any:
 def _peer_rows(torch: Any, m: int, n: int, dtype: Any, eps: float, entries: list[Peer], nbytes: int,
                fp8: Optional[tuple]) -> list[dict[str, Any]]:
     """Per entry at (m, n): time (interleaved replays), effective bandwidth and max error against float64 (FP8:
-    of q times its scale, and the share of q's bytes unlike torch's quantization of the entry's own T out);
-    an entry that is missing or fails is a row that says why."""
+    of q times its scale); an entry that is missing or fails is a row that says why."""
     x0, r0 = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(2))
     w = torch.rand(n, device="cuda", dtype=dtype) + 0.5
     ref = _reference(torch, x0, r0, w, eps)
@@ -281,9 +280,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
 
     from ..device.validate import require_gpu
-    from .timing import copy_bandwidth
-
     from ..jit.kernels import add_rmsnorm_block
+    from .timing import copy_bandwidth
 
     require_gpu("python -m fused_ar bench add_rmsnorm")
     dtype = getattr(torch, args.dtype.torch_name)
@@ -294,7 +292,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 1024)
     rows, fp8_rows, floors, fp8_floors = [], [], {}, {}
-    size = dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()
+    size = args.dtype.itemsize
     entries = _ours(torch, None) + t_peers(torch)
     for n in args.hidden:
         for m in args.m:
