@@ -108,6 +108,12 @@ def _sized(code: str, m: int, n: int) -> str:
     return code.replace("@M", str(m)).replace("@N", str(n))
 
 
+def _progress(what: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Each fresh process's result as it comes (a run of many processes takes minutes), on stderr."""
+    print(f"startup: {what}: {result['ms']:.1f} ms", file=sys.stderr, flush=True)
+    return result
+
+
 def _fresh(code: str, cache: str, timeout: float = 300) -> dict[str, Any]:
     """One fresh interpreter running `code`; its JSON line."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
@@ -141,13 +147,14 @@ def bench_startup(args: Any) -> int:
     with tempfile.TemporaryDirectory(prefix="fused_ar-startup-") as tmp:
         _fresh(_sized(CASES["fused_ar first add_rmsnorm"], m, n), warm_cache)  # the warm cache holds it now
         for name, code in CASES.items():
-            rows[name] = [_fresh(_sized(code, m, n), warm_cache) for _ in range(replays)]
+            rows[name] = [_progress(name, _fresh(_sized(code, m, n), warm_cache)) for _ in range(replays)]
         cold = []
         for i in range(min(replays, 3)):
-            cold.append(_fresh(_sized(CASES["fused_ar first add_rmsnorm"], m, n), str(Path(tmp) / f"cold{i}")))
+            cold.append(_progress("first add_rmsnorm, empty cache", _fresh(
+                _sized(CASES["fused_ar first add_rmsnorm"], m, n), str(Path(tmp) / f"cold{i}"))))
         rows["fused_ar first add_rmsnorm, empty cache"] = cold
         _communicator(warm_cache, Path(tmp), m, n)  # the first per boot probes peer access; the verdict is kept
-        comm_runs = [_communicator(warm_cache, Path(tmp), m, n) for _ in range(replays)]
+        comm_runs = [_progress("Communicator()", _communicator(warm_cache, Path(tmp), m, n)) for _ in range(replays)]
         rows["fused_ar import up to fused_ar.Communicator (2 processes)"] = [{"ms": r["import_ms"]} for r in comm_runs]
         rows["Communicator() after the first per boot (2 processes)"] = comm_runs
         rows["Communicator() less its group exchanges"] = [
