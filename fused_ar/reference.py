@@ -58,3 +58,141 @@ def prime_allocator(device: int = 0, small: int = 64, large_mib: int = 512) -> N
     keep = [torch.empty(512 * 1024, dtype=torch.uint8, device=f"cuda:{device}") for _ in range(small)]
     keep.append(torch.empty(large_mib << 20, dtype=torch.uint8, device=f"cuda:{device}"))
     del keep
+
+
+# -- 4-bit and power-of-two scaled outputs (docs/design.md section 1b: NVFP4, MXFP4, UE8M0 FP8 groups) ------
+# Each quantizes y, the call's own T-rounded out, as a float32 tensor (..., n). Divisions are IEEE (torch
+# divides by a Python scalar as a multiplication by its reciprocal, so scalars go in as tensors).
+
+E2M1_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of codes 0-7; bit 3 is the sign
+# The midpoints between neighbouring magnitudes, and whether a tie there rounds up (to the even code).
+_E2M1_TIES = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def _ieee_div(a: torch.Tensor, b: float) -> torch.Tensor:
+    return a / torch.full_like(a, b)
+
+
+def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8, 0-15) of v: round to nearest, ties to the even code, saturating at 6 (inf too);
+    E2M1 has no NaN, so a NaN becomes the largest magnitude, its sign bit kept."""
+    v = v.float()
+    a = v.abs()
+    code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
+    for mid, up in _E2M1_TIES:
+        code += (a >= mid if up else a > mid).to(torch.uint8)
+    code = torch.where(torch.isnan(v), torch.full_like(code, 7), code)
+    return code | ((v.view(torch.int32) < 0).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """The float32 values of E2M1 codes (uint8, 0-15)."""
+    table = torch.tensor(E2M1_VALUES + tuple(-x for x in E2M1_VALUES), dtype=torch.float32, device=codes.device)
+    return table[codes.long()]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Two E2M1 codes a byte along the last dimension, the first element in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def _blocks(y: torch.Tensor, block: int) -> torch.Tensor:
+    n = y.shape[-1]
+    if n % block:
+        raise ValueError(f"n={n} is not a multiple of the block of {block}")
+    return y.float().view(*y.shape[:-1], n // block, block)
+
+
+def nvfp4_reference(y: torch.Tensor, global_scale: torch.Tensor, block: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of NVFP4: per block of 16, s = e4m3(global_scale * (amax / 6)) (round to nearest even,
+    saturating at 448; a NaN amax gives the NaN code), values = e2m1(y * (global_scale / float(s))), 0 where
+    s is 0. values: uint8 (..., n / 2), two codes a byte; scales: float8_e4m3fn (..., n / 16), row-major."""
+    b = _blocks(y, block)
+    amax = b.abs().amax(-1)
+    sf = (global_scale.float().reshape(()) * _ieee_div(amax, E2M1_MAX)).clamp(max=448.0).to(torch.float8_e4m3fn)
+    s = sf.float()
+    out_scale = torch.where(s == 0, torch.zeros_like(s), global_scale.float().reshape(()) / s)
+    codes = e2m1_codes(b * out_scale.unsqueeze(-1)).view(*y.shape)
+    return pack_fp4(codes), sf
+
+
+def swizzle_nvfp4_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Row-major (m, k) block scales in the layout the NVFP4 GEMMs read: m padded to 128 rows and k to 4
+    columns (padding 0), tiles of 128 x 4 in row-major tile order, each tile 512 bytes ordered
+    [row % 32][(row % 128) // 32][col % 4]."""
+    m, k = scales.shape
+    mp, kp = -(-m // 128) * 128, -(-k // 4) * 4
+    padded = torch.zeros((mp, kp), dtype=torch.uint8, device=scales.device)
+    padded[:m, :k] = scales.view(torch.uint8)
+    tiles = padded.view(mp // 128, 4, 32, kp // 4, 4)  # [m tile][(row % 128) // 32][row % 32][k tile][col % 4]
+    return tiles.permute(0, 3, 2, 1, 4).reshape(-1).view(scales.dtype)
+
+
+def _floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """floor(log2(a)) of positive finite float32 a, exactly (denormals too)."""
+    _, e = torch.frexp(a)
+    return e - 1
+
+
+def mxfp4_reference(y: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of MXFP4 (OCP Microscaling v1.0, section 6.3): per block of 32, the shared exponent
+    X = floor(log2(amax)) - 2 (2: E2M1's largest exponent), clamped to [-127, 127] (amax 0: -127), values =
+    e2m1(y / 2^X); the scale byte is X + 127 (UE8M0), 255 (NaN) where the block holds a NaN or an inf.
+    values: uint8 (..., n / 2); scales: uint8 (..., n / 32)."""
+    b = _blocks(y, block)
+    amax = b.abs().amax(-1)
+    finite = torch.isfinite(amax)
+    positive = finite & (amax > 0)
+    x = torch.where(positive, _floor_log2(torch.where(positive, amax, torch.ones_like(amax))) - 2,
+                    torch.full_like(amax, -127, dtype=torch.int32)).clamp(-127, 127)
+    scale = torch.ldexp(torch.ones_like(amax), x)
+    codes = e2m1_codes(b / scale.unsqueeze(-1)).view(*y.shape)
+    byte = torch.where(finite, (x + 127).to(torch.uint8), torch.full_like(x, 255, dtype=torch.uint8))
+    return pack_fp4(codes), byte
+
+
+def pow2_ceil(s: torch.Tensor) -> torch.Tensor:
+    """2^ceil(log2(s)) of positive float32 s, exactly (an exact power of two stays; NaN and inf stay)."""
+    m, e = torch.frexp(s)
+    up = torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))
+    return torch.where(torch.isfinite(s), up, s)
+
+
+def ue8m0_bytes(s: torch.Tensor) -> torch.Tensor:
+    """The UE8M0 byte (biased exponent) of power-of-two float32 scales; NaN gives 255."""
+    return ((s.float().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+
+
+def fp8_group_ue8m0_reference(y: torch.Tensor, group: int = 128, fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales) of per-group FP8 with power-of-two scales: s = 2^ceil(log2(max(amax / M, 1 / (512 M)))),
+    q = fp8(clamp(y * (1 / s), -M, M)) (1 / s exact); scales float32 (..., n / group)."""
+    big = torch.finfo(fp8_dtype).max
+    b = _blocks(y, group)
+    amax = b.abs().amax(-1)
+    s = pow2_ceil(torch.clamp(_ieee_div(amax, big), min=1 / (512 * big)))
+    q = (b * (1.0 / s).unsqueeze(-1)).clamp(-big, big).to(fp8_dtype).view(*y.shape)
+    return q, s
+
+
+def pack_ue8m0(s: torch.Tensor, mn_major: bool = False) -> torch.Tensor:
+    """Power-of-two scales (m, g) as UE8M0 bytes four to an int32 (group j in byte j % 4 of word j // 4, the
+    missing bytes of the last word 0): (m, ceil(g / 4)) row-major, or with `mn_major` the same shape with
+    strides (1, m rounded up to 4): the rows contiguous and each column 16-byte aligned, as block-FP8 GEMMs
+    read it."""
+    m, g = s.shape
+    words = -(-g // 4)
+    raw = torch.zeros((m, words * 4), dtype=torch.uint8, device=s.device)
+    raw[:, :g] = ue8m0_bytes(s)
+    packed = raw.view(torch.int32)  # little-endian: byte j % 4 of each word
+    if not mn_major:
+        return packed
+    mp = -(-m // 4) * 4
+    storage = torch.zeros((words, mp), dtype=torch.int32, device=s.device)
+    storage[:, :m] = packed.t()
+    return storage.t()[:m]
