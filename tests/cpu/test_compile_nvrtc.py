@@ -1,5 +1,6 @@
 """Every kernel the library has compiles with real NVRTC for sm_90; its SASS shows 128-bit global loads
-and stores and no local-memory traffic; a compile error carries the spec, the options and the log."""
+and stores and no local-memory traffic; a compile error carries the spec, the options and the log;
+its parameters are those the launcher packs."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 
 from fused_ar.backends import compiler_for
 from fused_ar.errors import CompileError
-from fused_ar.jit.kernels import check_specs, warm_matrix
+from fused_ar.jit.kernels import Arg, check_specs, kernel_def, warm_matrix
 from fused_ar.jit.render import Source, render
-from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec
+from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec, Op
 
 SPECS = warm_matrix(["sm_90"], list(DType), SUPPORTED_NGPUS) + check_specs("sm_90")
 
@@ -78,6 +79,30 @@ def test_wait_check_fails_on_a_load_before_the_wait():
     with pytest.raises(AssertionError, match="LDG before the wait"):
         _waits_before_memory(sass)
     _waits_before_memory(sass.replace("LDG.E.128 R4, desc[UR4][R2.64]", "MOV R1, c[0x0][0x28]"))
+
+
+_ARG_BYTES = {Arg.PTR: 8, Arg.I64: 8, Arg.I32: 4, Arg.F32: 4}
+
+
+@pytest.mark.parametrize("op", list(Op), ids=lambda o: o.value)
+def test_kernel_parameters_are_what_the_launcher_packs(op):
+    """The compiled kernel's parameters (the CUBIN's KPARAM_INFO: ordinal, offset, size) are the KernelDef's,
+    in its order and C sizes, so the argument buffer built from the names lands where the kernel reads."""
+    spec = next(s for s in SPECS if s.op is op)
+    kernel = compiler_for("sm_90").compile(render(spec), "sm_90")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.code)
+        f.flush()
+        elf = subprocess.run([_cuobjdump(), "-elf", f.name], capture_output=True, text=True, check=True).stdout
+    found = sorted((int(o, 16), int(off, 16), int(size, 16)) for o, off, size in re.findall(
+        r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: (0x[0-9a-f]+)\s+Size\s*: (0x[0-9a-f]+)", elf))
+    expected, offset = [], 0
+    for i, (_, arg) in enumerate(kernel_def(op).params):
+        size = _ARG_BYTES[arg]
+        offset = -(-offset // size) * size
+        expected.append((i, offset, size))
+        offset += size
+    assert found == expected, f"{spec.kernel_name}: the kernel takes {found}, the launcher packs {expected}"
 
 
 def test_compile_error_carries_spec_options_and_log():
