@@ -130,8 +130,8 @@ TIMEOUT_S: EnvVar[float] = EnvVar(
 PDL: EnvVar[bool] = EnvVar(
     "FUSED_AR_PDL", _bool01, True, "1",
     "Programmatic dependent launch on NVIDIA sm_90 and newer (a kernel starts while the previous one on its "
-    "stream finishes, and waits for it before touching memory); 0 launches every kernel plainly. Read when a "
-    "call's shape is first planned. No effect on AMD.",
+    "stream finishes, and waits for it before touching memory); 0 launches every kernel plainly. Part of every "
+    "call's plan key: a change takes effect at the next call (a graph keeps what it captured). No effect on AMD.",
 )
 PEER_PROBE: EnvVar[bool] = EnvVar(
     "FUSED_AR_PEER_PROBE", _bool01, True, "1",
