@@ -363,21 +363,28 @@ class Communicator(SequenceParallel):
         plan, eps, offset = checked(key, x, residual, weight, eps, offset, path, out, residual_out, fp8)
         return plan, eps, offset, input_addresses(x, residual, weight)
 
-    def _rmsnorm(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
-                 residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
+    @staticmethod
+    def _outputs(plan: CallPlan, x: Any, shape: tuple, out: Any, residual_out: Any, scales: Any) -> tuple[Any, Any, Any]:
+        """(out, residual_out, scales) of an add + RMSNorm call of `shape` rows: those given, else new ones (out
+        in T or the plan's FP8, the scales of its quantization)."""
         import torch
 
+        quant = plan.quant
+        if out is None:
+            out = torch.empty(shape, dtype=x.dtype if quant is None else getattr(torch, quant.fmt.torch_name),
+                              device=x.device)
+        residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
+        if quant is not None and scales is None:
+            scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
+        return out, residual_out, scales
+
+    def _rmsnorm(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
+                 residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
         self.check()
         scales = None if fp8 is None else fp8["scales"]
         plan, eps, offset, inputs = self._rmsnorm_plan(self._checked_fused, x, residual, weight, eps, offset, path,
                                                        out, residual_out, fp8)
-        quant = plan.quant
-        if out is None:
-            out = torch.empty_like(x) if quant is None else \
-                torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
-        residual_out = torch.empty_like(x) if residual_out is None else residual_out
-        if quant is not None and scales is None:
-            scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
+        out, residual_out, scales = self._outputs(plan, x, tuple(x.shape), out, residual_out, scales)
         if plan.fallback:
             if plan.rows:
                 self._fallback_rmsnorm(x, residual, weight, eps, offset, out, residual_out, fp8, scales)

@@ -73,21 +73,13 @@ class SequenceParallel:
 
     def _scatter(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
                  residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
-        import torch
-
         self.check()
         scales = None if fp8 is None else fp8["scales"]
         plan, eps, offset, inputs = self._rmsnorm_plan(self._checked_scatter, x, residual, weight, eps, offset, path,
                                                        out, residual_out, fp8)
         lo, hi = self.shard_rows(x.shape[0])
-        shape = (hi - lo, x.shape[1])
-        quant = plan.quant
-        if out is None:
-            out = torch.empty(shape, dtype=x.dtype if quant is None else getattr(torch, quant.fmt.torch_name),
-                              device=x.device)
-        residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
-        if quant is not None and scales is None:
-            scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)  # of this rank's rows
+        # the scales of this rank's rows: the plan's quantization was checked on them
+        out, residual_out, scales = self._outputs(plan, x, (hi - lo, x.shape[1]), out, residual_out, scales)
         if plan.fallback:
             if x.shape[0]:
                 self._fallback_scatter(x, residual, weight, eps, offset, out, residual_out, fp8, scales, lo, hi)
