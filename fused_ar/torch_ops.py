@@ -35,16 +35,19 @@ SCHEMAS = {
                           "str path=\"auto\", float weight_offset=0.0) -> ()",
     # FP8 output: (q, residual_out, scales); scales is a new tensor also for a static scale (a copy of it).
     "add_rmsnorm_fp8": "add_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, float weight_offset=0.0, "
-                       "Tensor? scale=None, int? group_size=None, ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
+                       "Tensor? scale=None, int? group_size=None, ScalarType? fp8_dtype=None, str scales_format=\"fp32\", "
+                       "bool scales_mn_major=False) -> (Tensor, Tensor, Tensor)",
     "allreduce_rmsnorm_fp8": "allreduce_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
                              "str path=\"auto\", float weight_offset=0.0, Tensor? scale=None, int? group_size=None, "
-                             "ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
+                             "ScalarType? fp8_dtype=None, str scales_format=\"fp32\", bool scales_mn_major=False) "
+                             "-> (Tensor, Tensor, Tensor)",
     # Sequence parallelism: x holds every row, the outputs this rank's (Communicator.shard_rows).
     "reduce_scatter_rmsnorm": "reduce_scatter_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
                               "float weight_offset=0.0) -> (Tensor, Tensor)",
     "reduce_scatter_rmsnorm_fp8": "reduce_scatter_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, "
                                   "int comm, float weight_offset=0.0, Tensor? scale=None, int? group_size=None, "
-                                  "ScalarType? fp8_dtype=None) -> (Tensor, Tensor, Tensor)",
+                                  "ScalarType? fp8_dtype=None, str scales_format=\"fp32\", bool scales_mn_major=False) "
+                             "-> (Tensor, Tensor, Tensor)",
     "all_gather": "all_gather(Tensor x, int comm, int rows) -> Tensor",
 }
 
@@ -88,20 +91,23 @@ def _fresh_scales(q: torch.Tensor, residual_out: torch.Tensor, scales: torch.Ten
 
 def _add_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
                      weight_offset: float = 0.0, scale: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
-                     fp8_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     fp8_dtype: Optional[torch.dtype] = None, scales_format: str = "fp32",
+                     scales_mn_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = fused_ar.add_rmsnorm_fp8(...)."""
     return _fresh_scales(*add_rmsnorm_fp8(x, residual, weight, eps, weight_offset=weight_offset, scale=scale,
-                                          group_size=group_size, fp8_dtype=fp8_dtype), scale)
+                                          group_size=group_size, fp8_dtype=fp8_dtype, scales_format=scales_format,
+                                          scales_mn_major=scales_mn_major), scale)
 
 
 def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
                            comm: int, path: str = "auto", weight_offset: float = 0.0,
                            scale: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
-                           fp8_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           fp8_dtype: Optional[torch.dtype] = None, scales_format: str = "fp32",
+                           scales_mn_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = Communicator(comm).allreduce_rmsnorm_fp8(...)."""
     return _fresh_scales(*lookup(comm).allreduce_rmsnorm_fp8(
         x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
-        fp8_dtype=fp8_dtype, path=path), scale)
+        fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major, path=path), scale)
 
 
 def _reduce_scatter_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
@@ -112,12 +118,13 @@ def _reduce_scatter_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], w
 
 def _reduce_scatter_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
                                 eps: float, comm: int, weight_offset: float = 0.0, scale: Optional[torch.Tensor] = None,
-                                group_size: Optional[int] = None, fp8_dtype: Optional[torch.dtype] = None
+                                group_size: Optional[int] = None, fp8_dtype: Optional[torch.dtype] = None,
+                                scales_format: str = "fp32", scales_mn_major: bool = False
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = Communicator(comm).reduce_scatter_rmsnorm_fp8(...)."""
     return _fresh_scales(*lookup(comm).reduce_scatter_rmsnorm_fp8(
         x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
-        fp8_dtype=fp8_dtype), scale)
+        fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major), scale)
 
 
 def _all_gather(x: torch.Tensor, comm: int, rows: int) -> torch.Tensor:
@@ -148,16 +155,16 @@ def _fake_gather(x: torch.Tensor, comm: int, rows: int) -> torch.Tensor:
 
 def _fake_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, *rest: Any) -> tuple:
     from .device.launch import arch_of
-    from .jit.spec import native_fp8
-    from .device.validate import fp8_format
+    from .jit.spec import DType, native_fp8
+    from .device.validate import check_quant
 
-    *_, scale, group_size, fp8_dtype = rest
+    *_, scale, group_size, fp8_dtype, scales_format, scales_mn_major = rest
     # the device's native format only where none is named (tracing may run without the device)
-    fmt = fp8_format(fp8_dtype, native_fp8(arch_of(x.device.index)) if fp8_dtype is None else None)
-    lead = tuple(x.shape[:-1])
-    scales_shape = tuple(scale.shape) if scale is not None else lead + (1 if group_size is None else x.shape[-1] // group_size,)
-    return (torch.empty(x.shape, dtype=getattr(torch, fmt.torch_name), device=x.device), torch.empty_like(x),
-            torch.empty(scales_shape, dtype=torch.float32, device=x.device))
+    native = native_fp8(arch_of(x.device.index)) if fp8_dtype is None else None
+    quant = check_quant(x, x.shape[-1], DType.parse(x.dtype), scale, group_size, fp8_dtype, native, scales_format,
+                        scales_mn_major)
+    scales = scale.new_empty(scale.shape) if scale is not None else quant.new_scales(x.device)
+    return torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device), torch.empty_like(x), scales
 
 
 def _fake_pair(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:

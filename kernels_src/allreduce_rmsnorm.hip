@@ -43,7 +43,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT residual,
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, float* __restrict__ scales, int group,
-    fa_i64 scales_stride, fa_i64 timeout_ns
+    fa_i64 scales_stride, fa_i64 scales_col_stride, fa_i64 timeout_ns
 #if FA_SCATTER
     , int first_row, int all_rows
 #endif
@@ -81,7 +81,8 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
     const fa_peer_source_t src = {peers, local_tmp, (source_row + row) * packs};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
-                            residual + row * residual_stride, weight, scales + row * scales_stride, group};
+                            residual + row * residual_stride, weight, scales + row * scales_stride, group,
+                            scales_col_stride};
     fa_add_rmsnorm_row(src, io, cols, eps, weight_offset);
   }
   if (fa_barrier(bar, FA_PHASE_END)) fa_barrier_end(bar);  // no peer still reads this rank's input or writes its tmp

@@ -10,6 +10,8 @@
 // DPP_CTRL encodings of the GCN/CDNA ISA.
 #define FA_DPP_QUAD_PERM(a, b, c, d) ((a) | ((b) << 2) | ((c) << 4) | ((d) << 6))
 #define FA_DPP_ROW_ROR(n) (0x120 + (n))
+#define FA_DPP_ROW_MIRROR 0x140
+#define FA_DPP_ROW_HALF_MIRROR 0x141
 #define FA_DPP_ROW_BCAST15 0x142
 #define FA_DPP_ROW_BCAST31 0x143
 #define FA_DPP_ALL_ROWS 0xf
@@ -116,4 +118,33 @@ FA_INLINE T fa_block_reduce(T v) {
 template <int BLOCK, typename T>
 FA_INLINE T fa_block_reduce_sum(T v) {
   return fa_block_reduce<BLOCK, fa_sum_op>(v);
+}
+
+// The max over each aligned run of `lanes` consecutive lanes (a power of two up to the wave size, the same
+// in every lane of the wave), returned to every lane of the run; only the run's own lanes need be active.
+// Max is exact whatever the order, so each lane may combine in its own order. AMD: after the pair and quad
+// steps every lane holds its quad's max, so the half-row mirror (lane i takes 7 - i) completes runs of 8
+// and the row mirror (15 - i) runs of 16; runs of 32 and 64 combine the rows' maxima read with readlane
+// (which reads a lane whatever its activity: a run's own rows are active).
+FA_INLINE float fa_lanes_max(float v, int lanes) {
+#if FA_AMD
+  if (lanes >= 2) v = fa_dpp_combine<FA_DPP_QUAD_PERM(1, 0, 3, 2), FA_DPP_ALL_ROWS, fa_max_op>(v);
+  if (lanes >= 4) v = fa_dpp_combine<FA_DPP_QUAD_PERM(2, 3, 0, 1), FA_DPP_ALL_ROWS, fa_max_op>(v);
+  if (lanes >= 8) v = fa_dpp_combine<FA_DPP_ROW_HALF_MIRROR, FA_DPP_ALL_ROWS, fa_max_op>(v);
+  if (lanes >= 16) v = fa_dpp_combine<FA_DPP_ROW_MIRROR, FA_DPP_ALL_ROWS, fa_max_op>(v);
+  if (lanes >= 32) {
+    const float low = fa_max_op::apply(fa_readlane(v, 0), fa_readlane(v, 16));
+#if FA_WAVE_SIZE == 64
+    const float high = fa_max_op::apply(fa_readlane(v, 32), fa_readlane(v, 48));
+    v = lanes == 64 ? fa_max_op::apply(low, high) : (fa_lane() < 32 ? low : high);
+#else
+    v = low;
+#endif
+  }
+  return v;
+#else
+  const unsigned run = lanes >= 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (fa_lane() & ~(lanes - 1));
+  for (int offset = 1; offset < lanes; offset <<= 1) v = fa_max_op::apply(v, __shfl_xor_sync(run, v, offset));
+  return v;
+#endif
 }

@@ -3,7 +3,8 @@
 // from (a Source: x itself, every rank's input, the local two-stage buffer). It never touches a peer's
 // memory itself. Rendering defines FA_WEIGHT (FA_WEIGHT_SAME | FP32 | NONE), FA_RESIDUAL (0: no residual
 // add, residual_out = the row's values), FA_QUANT (FA_QUANT_NONE: out in T; STATIC | TOKEN | GROUP: out in
-// FP8 with a given, per-row or per-group scale) and FA_REG_PACKS.
+// FP8 with a given, per-row or per-group scale), FA_SCALE_POW2 (per-group scales rounded up to a power of
+// two), FA_SCALE_UE8M0 (those scales stored as their exponent byte, four to a 32-bit word) and FA_REG_PACKS.
 #pragma once
 #include "fa_types.h"
 #include "fa_reduce.h"
@@ -120,8 +121,9 @@ struct fa_row_io_t {
   fa_elem_t* residual_out;
   const fa_elem_t* residual;
   const fa_weight_t* weight;
-  float* scales;  // FA_QUANT_STATIC: the scale (read); TOKEN: this row's scale; GROUP: this row's scales
+  float* scales;  // FA_QUANT_STATIC: the scale (read); TOKEN: this row's scale; GROUP: this row's first scale
   int group;      // FA_QUANT_GROUP: columns per group (a whole number of packs)
+  fa_i64 scales_col_stride;  // FA_QUANT_GROUP: 32-bit words from one group's scale (UE8M0: 4 groups' word) to the next
 };
 
 // y = float(T(residual_out * inv_rms * (weight + offset))): the call's own unquantized out, as a float.
@@ -174,6 +176,39 @@ FA_INLINE float fa_tail_y(const fa_row_io_t& io, int col, fa_norm_t inv_rms, flo
 // rounds the Python scalar of its clamp).
 FA_INLINE float fa_fp8_scale(float amax) {
   return fa_max_op::apply(fa_div(amax, FA_FP8_MAX), (float)(1.0 / (512.0 * (double)FA_FP8_MAX)));
+}
+
+// A per-group scale from the group's amax: fa_fp8_scale's, with FA_SCALE_POW2 rounded up to a power of two
+// (exact: the scale is a normal float, inf or NaN, which stay; 2^127 rounds up to inf as in torch).
+FA_INLINE float fa_group_scale(float amax) {
+  const float s = fa_fp8_scale(amax);
+#if FA_SCALE_POW2
+  const fa_u32 bits = fa_float_as_u32(s);
+  if ((bits & 0x7f800000u) != 0x7f800000u && (bits & 0x7fffffu) != 0) return fa_u32_as_float((bits & 0x7f800000u) + 0x800000u);
+#endif
+  return s;
+}
+
+// Stores group g's scale of a row of `groups`: a float, or (FA_SCALE_UE8M0) its exponent byte, byte g % 4 of
+// word g / 4; the last group also zeroes the rest of its word, so a row's words hold no stale bytes.
+FA_INLINE void fa_store_group_scale(const fa_row_io_t& io, int g, int groups, float s) {
+#if FA_SCALE_UE8M0
+  fa_u8* word = reinterpret_cast<fa_u8*>(io.scales + (g >> 2) * io.scales_col_stride);
+  word[g & 3] = (fa_u8)((fa_float_as_u32(s) >> 23) & 0xffu);
+  if (g == groups - 1) {
+    for (int j = (g & 3) + 1; j < 4; ++j) word[j] = 0;
+  }
+#else
+  (void)groups;
+  io.scales[g * io.scales_col_stride] = s;
+#endif
+}
+
+// Whether a group's packs lie in one run of lanes of a wave, for every pack of the row: adjacent packs go to
+// adjacent threads and the block is a whole number of waves, so a group of a power-of-two number of packs
+// up to the wave size fills one aligned run.
+FA_INLINE bool fa_group_in_lanes(int packs_per_group) {
+  return packs_per_group <= FA_WAVE_SIZE && (packs_per_group & (packs_per_group - 1)) == 0;
 }
 
 // One row: residual_out = T(ar + residual), out = T(residual_out * inv_rms * (weight + offset)), ar the
@@ -270,18 +305,31 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   }
   const int tail_col = packs * FA_PACK_ELEMS + tid;
 #if FA_QUANT == FA_QUANT_GROUP
-  extern __shared__ fa_u32 fa_group_amax[];  // one word per group of the row: the launch sizes it
   const int packs_per_group = io.group / FA_PACK_ELEMS;
-  for (int g = tid; g < cols / io.group; g += FA_BLOCK) fa_group_amax[g] = 0u;
-  fa_sync_block();  // zeroed before any thread takes a max into it
-  FA_EACH_Y({ fa_shared_max_u32(&fa_group_amax[p / packs_per_group], fa_float_as_u32(fa_abs_max(y))); })
-  fa_sync_block();  // every group's amax is complete
-  for (int g = tid; g < cols / io.group; g += FA_BLOCK) io.scales[g] = fa_fp8_scale(fa_u32_as_float(fa_group_amax[g]));
-  FA_EACH_Y({
-    fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, fa_fp8_scale(fa_u32_as_float(fa_group_amax[p / packs_per_group]))));
-  })
-  fa_sync_block();  // every read of this row's group amax is done before the next row zeroes them
+  const int groups = cols / io.group;
   (void)tail_col;  // groups are whole packs: a row with a tail has no groups
+  if (fa_group_in_lanes(packs_per_group)) {
+    // One pass: the group's amax is a shuffle within its run of lanes (no shared memory, no barrier), and
+    // each thread quantizes the y it holds.
+    FA_EACH_Y({
+      const float scale = fa_group_scale(fa_lanes_max(fa_abs_max(y), packs_per_group));
+      if (p % packs_per_group == 0) fa_store_group_scale(io, p / packs_per_group, groups, scale);
+      fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, scale));
+    })
+  } else {
+    extern __shared__ fa_u32 fa_group_amax[];  // one word per group of the row: the launch sizes it
+    for (int g = tid; g < groups; g += FA_BLOCK) fa_group_amax[g] = 0u;
+    fa_sync_block();  // zeroed before any thread takes a max into it
+    FA_EACH_Y({ fa_shared_max_u32(&fa_group_amax[p / packs_per_group], fa_float_as_u32(fa_abs_max(y))); })
+    fa_sync_block();  // every group's amax is complete
+    for (int g = tid; g < groups; g += FA_BLOCK) {
+      fa_store_group_scale(io, g, groups, fa_group_scale(fa_u32_as_float(fa_group_amax[g])));
+    }
+    FA_EACH_Y({
+      fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, fa_group_scale(fa_u32_as_float(fa_group_amax[p / packs_per_group]))));
+    })
+    fa_sync_block();  // every read of this row's group amax is done before the next row zeroes them
+  }
 #else
 #if FA_QUANT == FA_QUANT_TOKEN
   float amax = 0.0f;

@@ -24,18 +24,18 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from ..jit.kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from ..device.launch import arch_of, function, preload, spec_for
-from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, input_addresses, is_capturing,
-                            plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
+from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, fp8_arguments, input_addresses,
+                            is_capturing, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
 from .policy import DEFAULT_MAX_BYTES, FallbackLog, Path, choose_path, group_fallback_reason, overrides
-from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
+from ..device.ops import add_rmsnorm_into, check_fp8_aliasing
 from .report import pending_exception, read_error_word
 from .sequence import SequenceParallel
 from ..backends import current_runtime
 from ..jit.spec import DEFAULT_PACK, DType, KernelSpec, Quant, native_fp8
 from .thresholds import SizeRule, Thresholds
 from .thresholds import load as load_thresholds
-from ..device.validate import (QuantCall, RmsnormCall, check_devices, check_outputs, check_quant, check_quant_outputs,
+from ..device.validate import (QuantCall, RmsnormCall, check_devices, check_fp8_call, check_outputs,
                        check_rmsnorm_inputs, check_rows, check_scale_value, cross_gpu_limit, device_index, require_gpu)
 
 _ids = itertools.count(1)
@@ -335,13 +335,14 @@ class Communicator(SequenceParallel):
 
     def allreduce_rmsnorm_fp8(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
                               weight_offset: float = 0.0, scale: Optional[Any] = None, group_size: Optional[int] = None,
-                              fp8_dtype: Any = None, path: str = "auto", out: Optional[Any] = None,
-                              residual_out: Optional[Any] = None, scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+                              fp8_dtype: Any = None, scales_format: str = "fp32", scales_mn_major: bool = False,
+                              path: str = "auto", out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                              scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
         """(q, residual_out, scales): allreduce_rmsnorm's out quantized to FP8 in the same kernel, with the
-        scales of fused_ar.add_rmsnorm_fp8 (static, per row or per group) and its exactness: q and the scales
-        are bit for bit torch's quantization of the out allreduce_rmsnorm returns."""
-        fp8 = {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype,
-               "scales": scale if scale is not None else scales_out}
+        scales of fused_ar.add_rmsnorm_fp8 (static, per row or per group, in its scales formats and layouts)
+        and its exactness: q and the scales are bit for bit torch's quantization of the out
+        allreduce_rmsnorm returns."""
+        fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
         return self._rmsnorm(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
 
     def _rmsnorm_plan(self, checked: Any, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str,
@@ -351,7 +352,7 @@ class Communicator(SequenceParallel):
         scales = None if fp8 is None else fp8["scales"]
         try:
             key = (rmsnorm_key(x, residual, weight, out, residual_out), path, overrides(),
-                   None if fp8 is None else quant_key(fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], scales),
+                   None if fp8 is None else quant_key(fp8),
                    checked.__name__)
         except AttributeError:  # not a tensor: the full checks say so
             key = None
@@ -375,7 +376,7 @@ class Communicator(SequenceParallel):
                               device=x.device)
         residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
         if quant is not None and scales is None:
-            scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
+            scales = quant.new_scales(x.device)
         return out, residual_out, scales
 
     def _rmsnorm(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
@@ -450,9 +451,7 @@ class Communicator(SequenceParallel):
         if fp8 is None:
             layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, x)
         else:
-            quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"],
-                                native_fp8(arch_of(self.device)))
-            q_layout = check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+            quant, q_layout = check_fp8_call(x, call, fp8, native_fp8(arch_of(self.device)), out)
             layouts = check_outputs(inputs, {"residual_out": residual_out}, x)
             check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
         self._check_device(**inputs, out=out, residual_out=residual_out,
@@ -487,23 +486,20 @@ class Communicator(SequenceParallel):
                          "residual_stride": call.residual_stride or 0,
                          "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else cols,
                          "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
-                groups = 0
-                if quant is not None and quant.kind is not Quant.STATIC:
-                    groups = cols // quant.group if quant.kind is Quant.GROUP else 1
-                    fixed.update(group=quant.group, scales_stride=groups)
+                scale_args, shared_mem = ({}, 0) if quant is None else quant.launch_args(cols)
+                fixed.update(scale_args)
                 cap = self._grid_cap(spec)
                 x_pitch = call.x.row_stride * call.x.dtype.itemsize
 
                 def part(n: int) -> CallPlan:
                     return CallPlan(spec, self.device, min(n, cap), {**fixed, "rows": n}, tensors, n, in_place, quant,
-                                    q_tensors, shared_mem=4 * groups if quant is not None and
-                                    quant.kind is Quant.GROUP else 0, x_layout=(n, row_bytes, x_pitch))
+                                    q_tensors, shared_mem=shared_mem, x_layout=(n, row_bytes, x_pitch))
                 if chunk_rows >= rows:
                     plan = part(rows)
                 else:
                     pitches = (x_pitch, (call.residual_stride or 0) * call.x.dtype.itemsize,
                                fixed["out_stride"] * (1 if quant is not None else call.x.dtype.itemsize),
-                               fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * groups)
+                               fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * fixed.get("scales_stride", 0))
                     plan = CallPlan.chunked_plan(tensors, rows, in_place, quant, q_tensors,
                                                  _chunks(rows, chunk_rows, part), pitches)
             plan.stage_x = call.x.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
@@ -612,12 +608,7 @@ class Communicator(SequenceParallel):
         import torch
 
         ar = self._fallback_allreduce(x, torch.empty(x.shape, dtype=x.dtype, device=x.device))
-        if fp8 is None:
-            add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset)
-        else:
-            add_rmsnorm_fp8(ar, residual, weight, eps, weight_offset=offset, scale=fp8["scale"],
-                            group_size=fp8["group_size"], fp8_dtype=fp8["fp8_dtype"], out=out, residual_out=residual_out,
-                            scales_out=None if fp8["scale"] is not None else scales)
+        add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset, fp8, scales)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _check_device(self, **tensors: Any) -> None:

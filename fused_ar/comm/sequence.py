@@ -17,11 +17,11 @@ import math
 from typing import Any, Optional
 
 from ..errors import InputError
-from ..device.plans import CallPlan, is_capturing, raw_stream, rmsnorm_key
+from ..device.plans import CallPlan, fp8_arguments, is_capturing, raw_stream, rmsnorm_key
 from ..device.launch import arch_of, spec_for
-from ..device.ops import add_rmsnorm_fp8, add_rmsnorm_into, check_fp8_aliasing
-from ..device.validate import (check_devices, check_outputs, check_quant, check_quant_outputs, check_rmsnorm_inputs,
-                               check_rows, check_scale_value, cross_gpu_limit)
+from ..device.ops import add_rmsnorm_into, check_fp8_aliasing
+from ..device.validate import (check_devices, check_fp8_call, check_outputs, check_rmsnorm_inputs, check_rows,
+                               check_scale_value, cross_gpu_limit)
 from ..jit.kernels import ALL_GATHER, REDUCE_SCATTER_RMSNORM, allreduce_rmsnorm_block
 from ..jit.spec import DEFAULT_PACK, Quant, native_fp8
 from .policy import Path, overrides, parse_path
@@ -62,13 +62,14 @@ class SequenceParallel:
 
     def reduce_scatter_rmsnorm_fp8(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
                                    weight_offset: float = 0.0, scale: Optional[Any] = None,
-                                   group_size: Optional[int] = None, fp8_dtype: Any = None, path: str = "auto",
+                                   group_size: Optional[int] = None, fp8_dtype: Any = None,
+                                   scales_format: str = "fp32", scales_mn_major: bool = False, path: str = "auto",
                                    out: Optional[Any] = None, residual_out: Optional[Any] = None,
                                    scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
         """(q, residual_out, scales) of this rank's shard: reduce_scatter_rmsnorm's out quantized as
-        allreduce_rmsnorm_fp8 quantizes (static, per row or per group), bit for bit."""
-        fp8 = {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype,
-               "scales": scale if scale is not None else scales_out}
+        allreduce_rmsnorm_fp8 quantizes (static, per row or per group, its scales formats and layouts of this
+        rank's rows), bit for bit."""
+        fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
         return self._scatter(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
 
     def _scatter(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
@@ -145,9 +146,7 @@ class SequenceParallel:
         if fp8 is None:
             layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, mine, in_place=no_alias)
         else:
-            quant = check_quant(mine, cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"],
-                                native_fp8(arch_of(self.device)))
-            q_layout = check_quant_outputs(quant, mine, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+            quant, q_layout = check_fp8_call(mine, call, fp8, native_fp8(arch_of(self.device)), out)
             layouts = check_outputs(inputs, {"residual_out": residual_out}, mine, in_place=no_alias)
             check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
         self._check_device(**inputs, out=out, residual_out=residual_out,
@@ -188,29 +187,26 @@ class SequenceParallel:
             packs = row_bytes // DEFAULT_PACK
             spec = spec_for(REDUCE_SCATTER_RMSNORM.op, call.x.dtype, self.device, allreduce_rmsnorm_block(packs),
                             self.world_size, **variant)
-            groups = 0
             fixed = {"rank": self.rank, "cols": cols, "timeout_ns": self._timeout_ns, "all_rows": m,
                      "residual_stride": call.residual_stride or 0,
                      "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else cols,
                      "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
-            if quant is not None and quant.kind is not Quant.STATIC:
-                groups = cols // quant.group if quant.kind is Quant.GROUP else 1
-                fixed.update(group=quant.group, scales_stride=groups)
+            scale_args, shared_mem = ({}, 0) if quant is None else quant.launch_args(cols)
+            fixed.update(scale_args)
             grid = min(max(per, 1), self._grid_cap(spec))  # the same on every rank, whatever its shard
             made: dict[int, CallPlan] = {}  # this rank's rows in a launch -> its plan (at most 3 kinds)
 
             def part(n: int) -> CallPlan:
                 if n not in made:
                     made[n] = CallPlan(spec, self.device, grid, {**fixed, "rows": n}, tensors, n, in_place, quant,
-                                       q_tensors, shared_mem=4 * groups if quant is not None and
-                                       quant.kind is Quant.GROUP else 0)
+                                       q_tensors, shared_mem=shared_mem)
                 return made[n]
             mine_rows = hi - lo
             chunks = tuple((first, part(min(max(mine_rows - first, 0), per))) for first in range(0, max(shard, 1), per))
             x_pitch = call.x.row_stride * call.x.dtype.itemsize
             pitches = (x_pitch, (call.residual_stride or 0) * call.x.dtype.itemsize,
                        fixed["out_stride"] * (1 if quant is not None else call.x.dtype.itemsize),
-                       fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * groups)
+                       fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * fixed.get("scales_stride", 0))
             plan = CallPlan.chunked_plan(tensors, m, in_place, quant, q_tensors, chunks, pitches)
             plan.x_layout = (m, row_bytes, x_pitch)
         # the registered x is read in place under capture: only contiguous, aligned rows
@@ -225,12 +221,7 @@ class SequenceParallel:
         import torch
 
         ar = self._fallback_allreduce(x, torch.empty(x.shape, dtype=x.dtype, device=x.device))[lo:hi]
-        if fp8 is None:
-            add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset)
-        else:
-            add_rmsnorm_fp8(ar, residual, weight, eps, weight_offset=offset, scale=fp8["scale"],
-                            group_size=fp8["group_size"], fp8_dtype=fp8["fp8_dtype"], out=out, residual_out=residual_out,
-                            scales_out=None if fp8["scale"] is not None else scales)
+        add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset, fp8, scales)
 
     # -- all-gather ---------------------------------------------------------------------------------------
     def all_gather(self, x: Any, rows: Optional[int] = None, *, path: str = "auto", out: Optional[Any] = None) -> Any:

@@ -15,11 +15,11 @@ from typing import Any, Optional
 from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
 from .launch import arch_of, spec_for
 from .. import env
-from .plans import (PLAN_ENV, LaunchPlan, call_inputs, input_addresses, plain_eps, plain_offset, quant_key, raw_stream,
-                    rmsnorm_key, span_bytes)
+from .plans import (PLAN_ENV, LaunchPlan, call_inputs, fp8_arguments, input_addresses, plain_eps, plain_offset, quant_key,
+                    raw_stream, rmsnorm_key, span_bytes)
 from ..jit.spec import Op, Quant, native_fp8
-from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_outputs, check_quant,
-                       check_quant_outputs, check_rmsnorm_inputs, check_scale_value, overlaps, row_pack)
+from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_fp8_call, check_outputs,
+                       check_rmsnorm_inputs, check_scale_value, overlaps, row_pack)
 
 # Grid-stride over rows beyond this many blocks: keeps grid * block under 2**32 (a HIP limit) for any m.
 MAX_GRID_BLOCKS = 1 << 16
@@ -45,12 +45,8 @@ class AddRmsnormPlan(LaunchPlan):
         fixed = {"rows": rows, "cols": cols, "x_stride": call.x.row_stride, "residual_stride": call.residual_stride or 0,
                  "out_stride": layouts["out"].row_stride if "out" in layouts else cols,
                  "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
-        groups = 0
-        if quant is not None and quant.kind is not Quant.STATIC:
-            groups = cols // quant.group if quant.kind is Quant.GROUP else 1
-            fixed.update(group=quant.group, scales_stride=groups)
-        super().__init__(spec, device, min(rows, MAX_GRID_BLOCKS), fixed,
-                         shared_mem=4 * groups if quant is not None and quant.kind is Quant.GROUP else 0)
+        scale_args, shared_mem = ({}, 0) if quant is None else quant.launch_args(cols)
+        super().__init__(spec, device, min(rows, MAX_GRID_BLOCKS), {**fixed, **scale_args}, shared_mem=shared_mem)
         self.align, self.in_place, self.quant = pack, in_place, quant
         self.spans = tuple(span_bytes(t) for t in tensors)
         self.q_spans = tuple(span_bytes(t) for t in q_tensors)  # out (FP8), scales or scale
@@ -73,36 +69,34 @@ _by_pack: dict[tuple, AddRmsnormPlan] = {}  # per (key, access width, in place):
 
 
 def _plan(x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
-          fp8: Optional[tuple] = None) -> tuple[AddRmsnormPlan, tuple[int, int, int], float, float]:
+          fp8: Optional[dict] = None) -> tuple[AddRmsnormPlan, tuple[int, int, int], float, float]:
     """(plan, the (x, residual, weight) addresses, eps, offset) of this call: only the per-call checks when its
     key has a plan and they pass, else every check (which raises the error or builds the plan). `fp8`: the
-    FP8 call's (scale, group_size, fp8_dtype, scales, scales_out)."""
+    FP8 call's fp8_arguments."""
     try:
         key = (rmsnorm_key(x, residual, weight, out, residual_out), env.raw_values(PLAN_ENV),
-               None if fp8 is None else quant_key(fp8[0], fp8[1], fp8[2], fp8[4]))
+               None if fp8 is None else quant_key(fp8))
     except AttributeError:  # not a tensor: the full checks say so
         key = None
     plan = None if key is None else _plans.get(key)
     if plan is not None and plain_eps(eps) and plain_offset(offset):
-        inputs = call_inputs(plan, x, residual, weight, out, residual_out, None if fp8 is None else fp8[3])
+        inputs = call_inputs(plan, x, residual, weight, out, residual_out, None if fp8 is None else fp8["scales"])
         if inputs is not None:
             return plan, inputs, eps, offset
-    plan, eps, offset = _checked_plan(key, x, residual, weight, eps, offset, out, residual_out, None if fp8 is None else
-                                      dict(zip(("scale", "group_size", "fp8_dtype", "scales"), fp8[:4])))
+    plan, eps, offset = _checked_plan(key, x, residual, weight, eps, offset, out, residual_out, fp8)
     return plan, input_addresses(x, residual, weight), eps, offset
 
 
 def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, residual_out: Any,
                   fp8: Optional[dict] = None) -> tuple[AddRmsnormPlan, float, float]:
     """Every rule of the op (raising InputError naming the value), then the plan of this call. `fp8`: the FP8
-    call's scale, group_size, fp8_dtype and scales (its output, or the static scale)."""
+    call's fp8_arguments."""
     call = check_rmsnorm_inputs(x, residual, weight, eps, offset)
     quant = None
     named = {"out": out, "residual_out": residual_out}
     if fp8 is not None:
-        quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"],
-                            native_fp8(arch_of(x.device.index)) if x.device.type == "cuda" else native_fp8("sm_90"))
-        q_layout = check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+        quant, q_layout = check_fp8_call(x, call, fp8, native_fp8(arch_of(x.device.index)) if x.device.type == "cuda"
+                                         else native_fp8("sm_90"), out)
         named = {"residual_out": residual_out}
     layouts = check_outputs({"x": x, "residual": residual, "weight": weight}, named, x)
     if fp8 is not None:
@@ -175,37 +169,43 @@ def add_rmsnorm(x: Any, residual: Optional[Any], weight: Optional[Any], eps: flo
 
 def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
                     weight_offset: float = 0.0, scale: Optional[Any] = None, group_size: Optional[int] = None,
-                    fp8_dtype: Any = None, out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                    fp8_dtype: Any = None, scales_format: str = "fp32", scales_mn_major: bool = False,
+                    out: Optional[Any] = None, residual_out: Optional[Any] = None,
                     scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
     """(q, residual_out, scales): add_rmsnorm's out quantized to FP8 in the same kernel (docs/design.md
     section 1b), bit for bit what torch gives for `(y * (1.0 / s)).clamp(-M, M).to(fp8)` of that out y.
 
     scale: a one-element float32 tensor on x's device (static; returned as the scales); else, without
-    group_size, one scale per row (fp32, shape (..., 1)); with group_size G, one per G columns (fp32,
+    group_size, one scale per row (fp32, shape (..., 1)); with group_size G, one per G columns (shape
     (..., n / G); G divides n into whole 16-byte packs). Dynamic scales are max(amax / M, 1 / (512 M)) with
-    M = 448 for float8_e4m3fn, 240 for float8_e4m3fnuz. fp8_dtype: torch.float8_e4m3fn or float8_e4m3fnuz
-    (default: the device's own: fnuz on gfx942, fn elsewhere). residual_out keeps x's dtype and the bits of
-    add_rmsnorm. out (FP8, x's shape, any row layout), residual_out and scales_out may be given. The other
-    inputs are as add_rmsnorm's.
+    M = 448 for float8_e4m3fn, 240 for float8_e4m3fnuz. Per-group scales come as scales_format says: "fp32"
+    (those scales), "ue8m0" (rounded up to a power of two, as fp32) or "ue8m0_packed" (the power of two's
+    exponent byte, four groups to an int32, group j in byte j % 4 of word j // 4: shape (..., ceil(n / G / 4)));
+    scales_mn_major lays the per-group scales out column-major, each column 16-byte aligned (strides (1, m
+    rounded up to 4) for 2-D x), as block-FP8 GEMMs read them. fp8_dtype: torch.float8_e4m3fn or
+    float8_e4m3fnuz (default: the device's own: fnuz on gfx942, fn elsewhere). residual_out keeps x's dtype
+    and the bits of add_rmsnorm. out (FP8, x's shape, any row layout), residual_out and scales_out (of the
+    shape, dtype and strides the call would allocate) may be given. The other inputs are as add_rmsnorm's.
     """
     import torch
 
-    scales = scale if scale is not None else scales_out
-    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out,
-                                             (scale, group_size, fp8_dtype, scales, scales_out))
+    fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
+    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
     quant = plan.quant
     if out is None:
         out = torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
-    if scales is None:
-        scales = torch.empty(quant.scales_shape, dtype=torch.float32, device=x.device)
+    scales = quant.new_scales(x.device) if fp8["scales"] is None else fp8["scales"]
     plan.run(out, residual_out, inputs, eps, weight_offset, scales)
     return out, residual_out, scales
 
 
 def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float,
-                     weight_offset: float = 0.0) -> None:
-    """The fallback's epilogue: writes into given outputs (the caller validated the call)."""
-    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out)
-    plan.run(out, residual_out, inputs, eps, weight_offset)
+                     weight_offset: float = 0.0, fp8: Optional[dict] = None, scales: Any = None) -> None:
+    """The fallback's epilogue: writes into given outputs (the caller validated the call); with `fp8` (the
+    call's fp8_arguments), out in FP8 and its scales into `scales` (the static scale: read)."""
+    if fp8 is not None:
+        fp8 = {**fp8, "scales": scales}
+    plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
+    plan.run(out, residual_out, inputs, eps, weight_offset, scales)
 

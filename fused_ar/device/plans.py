@@ -122,15 +122,12 @@ def rmsnorm_key(x: Any, residual: Any, weight: Any, out: Any, residual_out: Any)
 
 
 def span_bytes(t: Any) -> int:
-    """Bytes from a tensor of rows' first element to one past its last (0 for None)."""
-    if t is None or not t.numel():
+    """Bytes from a tensor's first element to one past its last, whatever its strides (0 for None)."""
+    if t is None:
         return 0
-    from .validate import row_stride
+    from .validate import extent
 
-    cols = t.shape[-1] if t.dim() else 1
-    rows = t.numel() // cols
-    stride = (row_stride(t) if t.dim() else 1) or cols
-    return ((rows - 1) * stride + cols) * t.element_size()
+    return extent(t) * t.element_size()
 
 
 def rmsnorm_pointers(spans: tuple, align: int, in_place: bool, x: Any, residual: Any, weight: Any, out: Any,
@@ -170,9 +167,18 @@ def input_addresses(x: Any, residual: Any, weight: Any) -> tuple[int, int, int]:
     return x.data_ptr(), 0 if residual is None else residual.data_ptr(), 0 if weight is None else weight.data_ptr()
 
 
-def quant_key(scale: Any, group_size: Any, fp8_dtype: Any, scales_out: Any) -> tuple:
-    """What an FP8 plan depends on beyond rmsnorm_key."""
-    return _meta(scale), group_size, str(fp8_dtype), _meta(scales_out)
+def quant_key(fp8: dict[str, Any]) -> tuple:
+    """What an FP8 plan depends on beyond rmsnorm_key (`fp8`: the call's fp8_arguments)."""
+    return (_meta(fp8["scale"]), fp8["group_size"], str(fp8["fp8_dtype"]), _meta(fp8["scales"]), fp8["scales_format"],
+            fp8["scales_mn_major"])
+
+
+def fp8_arguments(scale: Any, group_size: Any, fp8_dtype: Any, scales_format: Any, scales_mn_major: Any,
+                  scales_out: Any) -> dict[str, Any]:
+    """An FP8 call's arguments as every FP8 op passes them on, with `scales` the tensor the kernel reads or
+    writes (the static scale, or the given scales_out)."""
+    return {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype, "scales_format": scales_format,
+            "scales_mn_major": scales_mn_major, "scales": scale if scale is not None else scales_out}
 
 
 def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[int, int, int], residual_out: Any,

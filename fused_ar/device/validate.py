@@ -216,15 +216,22 @@ def same_memory(a: Any, b: Any) -> bool:
             and a.device == b.device)
 
 
+def extent(t: Any) -> int:
+    """Elements from a tensor's first element to one past its last, whatever its strides (0 if empty)."""
+    if not t.numel():
+        return 0
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+
+
 def _span(t: Any) -> tuple[int, int, int, int]:
-    """(first byte, one past the last byte, row stride in bytes, row bytes) of a tensor of rows."""
+    """(first byte, one past the last byte, row stride in bytes, row bytes) of a tensor of rows; a tensor
+    that is not rows (MN-major scales) gives its whole extent and row stride 0."""
     cols = t.shape[-1] if t.dim() else 1
-    rows = t.numel() // cols if cols else 0
     stride = row_stride(t) if t.dim() else 1
     size = t.element_size()
     start = t.data_ptr()
-    end = start + ((rows - 1) * stride + cols) * size if rows else start
-    return start, end, (stride or cols) * size, cols * size
+    end = start + extent(t) * size
+    return start, end, 0 if stride is None else stride * size, cols * size
 
 
 def overlaps(a: Any, b: Any) -> bool:
@@ -244,15 +251,41 @@ def overlaps(a: Any, b: Any) -> bool:
 
 
 # -- FP8 output (docs/design.md section 1b) --------------------------------------------------------------
+# How a call's per-group scales are returned: fp32 (max(amax / M, 1 / (512 M))), those rounded up to powers of
+# two as fp32, or as UE8M0 bytes (the exponent) four to an int32 (docs/design.md section 1b).
+SCALES_FORMATS = {"fp32": Quant.GROUP, "ue8m0": Quant.GROUP_POW2, "ue8m0_packed": Quant.GROUP_UE8M0}
+SCALE_ROWS_ALIGN = 4  # MN-major scales: each column starts 16 bytes (four 32-bit words) after the previous one
+
+
 @dataclass(frozen=True)
 class QuantCall:
-    """How a call quantizes its out: the kind, the FP8 format, the group width (GROUP) and the scales'
-    shape (TOKEN: one per row; GROUP: one per group of each row; STATIC: the given scale's)."""
+    """How a call quantizes its out: the kind, the FP8 format, the group width (per-group kinds) and the
+    scales' shape, dtype and strides (TOKEN: one per row; per group: one per group of each row, or one int32
+    per four groups; STATIC: the given scale's shape). `row_stride` and `col_stride` are the kernel's steps,
+    in 32-bit words, from a row's scales to the next row's and from one scale word of a row to the next."""
 
     kind: Quant
     fmt: Fp8Format
     group: int
     scales_shape: tuple
+    scales_strides: tuple = ()
+    scales_dtype: str = "float32"
+    row_stride: int = 1
+    col_stride: int = 1
+
+    def launch_args(self, cols: int) -> tuple[dict[str, int], int]:
+        """(the kernel's fixed scale arguments, dynamic shared memory bytes) for rows of `cols` columns."""
+        if self.kind is Quant.STATIC:
+            return {}, 0
+        fixed = {"group": self.group, "scales_stride": self.row_stride, "scales_col_stride": self.col_stride}
+        return fixed, 4 * (cols // self.group) if self.kind.per_group else 0
+
+    def new_scales(self, device: Any) -> Any:
+        """An output tensor for the scales, laid out as the kernel writes them."""
+        import torch
+
+        return torch.empty_strided(self.scales_shape, self.scales_strides, dtype=getattr(torch, self.scales_dtype),
+                                   device=device)
 
 
 def fp8_format(fp8_dtype: Any, native: Fp8Format) -> Fp8Format:
@@ -266,10 +299,41 @@ def fp8_format(fp8_dtype: Any, native: Fp8Format) -> Fp8Format:
         raise InputError(f"fp8_dtype={fp8_dtype!r}: fused_ar writes float8_e4m3fn or float8_e4m3fnuz") from None
 
 
+def _contiguous_strides(shape: tuple) -> tuple:
+    """Row-major strides of `shape` (symbolic sizes stay symbolic: no comparison, so no guard)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step = step * n
+    return tuple(reversed(strides))
+
+
+def _group_scales(kind: Quant, fmt: Fp8Format, group: int, lead: tuple, groups: int, mn_major: bool) -> QuantCall:
+    """The per-group QuantCall: `groups` scales of each row, as fp32 or packed four to an int32 word, row-major
+    or MN-major (each word column holds every row's word, the columns SCALE_ROWS_ALIGN words aligned)."""
+    words = -(-groups // 4) if kind is Quant.GROUP_UE8M0 else groups
+    dtype = "int32" if kind is Quant.GROUP_UE8M0 else "float32"
+    shape = lead + (words,)
+    if not mn_major:
+        return QuantCall(kind, fmt, group, shape, _contiguous_strides(shape), dtype, words, 1)
+    rows = 1
+    for n in lead:
+        rows = rows * n
+    column = -(-rows // SCALE_ROWS_ALIGN) * SCALE_ROWS_ALIGN
+    return QuantCall(kind, fmt, group, shape, _contiguous_strides(lead) + (column,), dtype, 1, column)
+
+
 def check_quant(x: Any, cols: int, dtype: DType, scale: Any, group_size: Any, fp8_dtype: Any,
-                native: Fp8Format) -> QuantCall:
+                native: Fp8Format, scales_format: Any = "fp32", scales_mn_major: Any = False) -> QuantCall:
     fmt = fp8_format(fp8_dtype, native)
     lead = tuple(x.shape[:-1])
+    if not isinstance(scales_format, str) or scales_format not in SCALES_FORMATS:
+        raise InputError(f"scales_format={scales_format!r}: it must be one of {', '.join(map(repr, SCALES_FORMATS))}")
+    if not isinstance(scales_mn_major, bool):
+        raise InputError(f"scales_mn_major={scales_mn_major!r}: it must be True or False")
+    if (scales_format != "fp32" or scales_mn_major) and (scale is not None or group_size is None):
+        given = f"scales_format={scales_format!r}" if scales_format != "fp32" else "scales_mn_major=True"
+        raise InputError(f"{given} applies to per-group scales: give group_size (and no static scale)")
     if scale is not None:
         if group_size is not None:
             raise InputError(f"scale and group_size={group_size!r} were both given: a static scale, or scales per "
@@ -277,15 +341,23 @@ def check_quant(x: Any, cols: int, dtype: DType, scale: Any, group_size: Any, fp
         _tensor("scale", scale)
         if scale.dtype != _torch_dtype("float32") or scale.numel() != 1:
             raise InputError(f"scale has dtype {scale.dtype} and {scale.numel()} elements: it must be one float32")
-        return QuantCall(Quant.STATIC, fmt, 0, tuple(scale.shape))
+        return QuantCall(Quant.STATIC, fmt, 0, tuple(scale.shape), tuple(scale.stride()))
     if group_size is None:
-        return QuantCall(Quant.TOKEN, fmt, 0, lead + (1,))
+        shape = lead + (1,)
+        return QuantCall(Quant.TOKEN, fmt, 0, shape, _contiguous_strides(shape))
     per_pack = DEFAULT_PACK // dtype.itemsize
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or cols % group_size \
             or group_size % per_pack:
         raise InputError(f"group_size={group_size!r}: it must divide n={cols} into groups of whole "
                          f"{DEFAULT_PACK}-byte packs (a multiple of {per_pack} for {dtype.value})")
-    return QuantCall(Quant.GROUP, fmt, group_size, lead + (cols // group_size,))
+    return _group_scales(SCALES_FORMATS[scales_format], fmt, group_size, lead, cols // group_size, scales_mn_major)
+
+
+def check_fp8_call(x: Any, call: RmsnormCall, fp8: dict[str, Any], native: Fp8Format, out: Any) -> tuple[QuantCall, Optional[RowsShape]]:
+    """The FP8 rules of a call (its fp8_arguments): how it quantizes, and out's layout when given."""
+    quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], native,
+                        fp8["scales_format"], fp8["scales_mn_major"])
+    return quant, check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
 
 
 def check_scale_value(scale: Any) -> None:
@@ -312,10 +384,11 @@ def check_quant_outputs(quant: QuantCall, x: Any, out: Any, scales_out: Any) -> 
         if quant.kind is Quant.STATIC:
             raise InputError("scales_out was given with a static scale: the scale is the call's own")
         _tensor("scales_out", scales_out)
-        if scales_out.dtype != _torch_dtype("float32") or tuple(scales_out.shape) != quant.scales_shape \
-                or not scales_out.is_contiguous():
-            raise InputError(f"scales_out has dtype {scales_out.dtype} and shape {tuple(scales_out.shape)}: it must be "
-                             f"contiguous float32 of shape {quant.scales_shape}")
+        if scales_out.dtype != _torch_dtype(quant.scales_dtype) or tuple(scales_out.shape) != quant.scales_shape \
+                or (scales_out.numel() and tuple(scales_out.stride()) != quant.scales_strides):
+            raise InputError(f"scales_out has dtype {scales_out.dtype}, shape {tuple(scales_out.shape)} and strides "
+                             f"{tuple(scales_out.stride())}: it must be {quant.scales_dtype} of shape "
+                             f"{quant.scales_shape} and strides {quant.scales_strides}")
     return layout
 
 

@@ -76,6 +76,8 @@ def render(spec: KernelSpec) -> Source:
         "FA_QUANT": spec.quant.render_id,
         "FA_FP8_FNUZ": int(spec.fp8 is Fp8Format.E4M3FNUZ),
         "FA_FP8_HW": int(spec.quant is not Quant.NONE and fp8_in_hardware(spec.arch, spec.fp8)),
+        "FA_SCALE_POW2": int(spec.quant in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)),
+        "FA_SCALE_UE8M0": int(spec.quant is Quant.GROUP_UE8M0),
         **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]

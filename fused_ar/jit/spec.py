@@ -61,16 +61,24 @@ class WeightKind(str, Enum):
 
 
 class Quant(str, Enum):
-    """The output of an RMSNorm op: T, or FP8 with a given scale, a scale per row, or a scale per group."""
+    """The output of an RMSNorm op: T, or FP8 with a given scale, a scale per row, or a scale per group:
+    fp32 scales, power-of-two scales as fp32 (GROUP_POW2), or those as UE8M0 bytes four to an int32
+    (GROUP_UE8M0)."""
 
     NONE = "none"
     STATIC = "static"
     TOKEN = "token"
     GROUP = "group"
+    GROUP_POW2 = "group_pow2"
+    GROUP_UE8M0 = "group_ue8m0"
+
+    @property
+    def per_group(self) -> bool:
+        return self in (Quant.GROUP, Quant.GROUP_POW2, Quant.GROUP_UE8M0)
 
     @property
     def render_id(self) -> str:
-        return f"FA_QUANT_{self.name}"
+        return "FA_QUANT_GROUP" if self.per_group else f"FA_QUANT_{self.name}"
 
 
 class Fp8Format(str, Enum):

@@ -2,8 +2,8 @@
 process per GPU over NVLink on a multi-GPU machine (NCCL for the fallback) and N processes sharing one GPU
 elsewhere (gloo, no fallback through NCCL there). Every path and dtype on the communicator issue's
 shapes, 200 calls back to back, graphs of three batch sizes, a rank that never calls, ranks that disagree,
-calls over the buffer in chunks (eager and captured), a rank that leaves after the first chunk, and the
-sequence-parallel ops.
+calls over the buffer in chunks (eager and captured), a rank that leaves after the first chunk, the
+sequence-parallel ops, and the FP8 outputs (every scale kind and format).
 The real peer-access probe runs in every group."""
 
 from __future__ import annotations
@@ -175,6 +175,39 @@ def _sequence(comm, rank, world, device):
         assert torch.equal(gathered, full_out), f"m={m} rank {rank}: all_gather"
 
 
+def _quant(comm, rank, world, device):
+    """FP8 outputs of the fused and sequence-parallel ops (static, per row, per group in fp32 and power-of-two
+    scales, packed and MN-major): each rank's q and scales are the reference quantization of its own T out."""
+    from tests.gpu.test_fp8_gpu import _bits, torch_quant
+    from tests.gpu.test_ue8m0_gpu import check
+
+    static = torch.tensor([0.05], device="cuda")
+    for m, n, dtype in ((1, 2176, torch.bfloat16), (7, 7168, torch.float16), (130, 2176, torch.float32)):
+        xs, residual, weight = make_inputs(world, m, n, dtype, seed=m)
+        for path in ("1stage", "2stage"):
+            out, ro = comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path)
+            for mode, kwargs in (("static", {"scale": static}), ("token", {}), ("group", {"group_size": 128})):
+                q, ro8, scales = comm.allreduce_rmsnorm_fp8(xs[rank], residual, weight, path=path, **kwargs)
+                ref_q, ref_s = torch_quant(out, mode, "e4m3fn", static, 128)
+                torch.cuda.synchronize()
+                comm.check()
+                assert torch.equal(ro8, ro) and torch.equal(_bits(q), _bits(ref_q)), f"{path} {mode} m={m} rank {rank}"
+                assert mode == "static" or torch.equal(scales.reshape(ref_s.shape), ref_s)
+            for scales_format, mn_major in (("ue8m0", False), ("ue8m0_packed", True), ("ue8m0_packed", False)):
+                q, _, scales = comm.allreduce_rmsnorm_fp8(xs[rank], residual, weight, path=path, group_size=128,
+                                                          scales_format=scales_format, scales_mn_major=mn_major)
+                torch.cuda.synchronize()
+                comm.check()
+                check(q, scales, out, 128, scales_format, mn_major)
+        assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+        lo, hi = comm.shard_rows(m)
+        q, _, scales = comm.reduce_scatter_rmsnorm_fp8(xs[rank], residual[lo:hi], weight, group_size=128,
+                                                       scales_format="ue8m0_packed", scales_mn_major=True)
+        torch.cuda.synchronize()
+        comm.check()
+        check(q, scales, out[lo:hi], 128, "ue8m0_packed", True)
+
+
 def _mismatch(comm, rank, world, device):
     m = 4 if rank == 0 else 8
     xs, residual, weight = make_inputs(world, m, 4096, torch.bfloat16, seed=m)
@@ -217,6 +250,8 @@ def _worker(rank, world, init_file, result_dir, what):
                 _mismatch(comm, rank, world, device)
             elif what == "sequence":
                 _sequence(comm, rank, world, device)
+            elif what == "quant":
+                _quant(comm, rank, world, device)
             elif what == "chunks":
                 _chunks(comm, rank, world, device)
             elif what == "chunk_timeout":
@@ -226,7 +261,8 @@ def _worker(rank, world, init_file, result_dir, what):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch", "chunks", "chunk_timeout", "sequence"])
+@pytest.mark.parametrize("what", ["paths", "graphs", "timeout", "mismatch", "chunks", "chunk_timeout", "sequence",
+                                  "quant"])
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8], ids=lambda w: f"TP{w}")
 def test_one_process_per_rank(tmp_path, monkeypatch, world, what):
     gpus = torch.cuda.device_count()

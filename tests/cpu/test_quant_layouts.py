@@ -1,0 +1,113 @@
+"""Per-group FP8 scales in their formats and layouts (docs/design.md section 1b), on the CPU: the shape, dtype
+and strides each call returns (and the kernel's steps), the same layout as fused_ar.reference.pack_ue8m0
+builds, what the torch op's fake gives when traced, bad arguments refused before anything is planned, and
+what the kernels are rendered with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fused_ar.device.ops as ops
+from fused_ar.device.plans import LaunchPlan
+from fused_ar.device.validate import check_quant
+from fused_ar.errors import InputError
+from fused_ar.jit.render import render
+from fused_ar.jit.spec import DType, Fp8Format, KernelSpec, Quant
+from fused_ar.reference import pack_ue8m0
+
+
+def quant(shape, scales_format="fp32", mn_major=False, group=128):
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    return check_quant(x, shape[-1], DType.BF16, None, group, None, Fp8Format.E4M3FN, scales_format, mn_major)
+
+
+@pytest.mark.parametrize("m", [1, 5, 8, 130])
+@pytest.mark.parametrize("groups", [1, 3, 4, 17])
+def test_packed_layouts_are_the_references(m, groups):
+    """ue8m0_packed: ceil(g / 4) int32 words a row, row-major (contiguous) or MN-major (strides (1, m rounded
+    up to 4)), exactly the tensor pack_ue8m0 returns; the kernel steps in words between rows and columns."""
+    for mn_major in (False, True):
+        q = quant((m, groups * 128), "ue8m0_packed", mn_major)
+        ref = pack_ue8m0(torch.ones(m, groups), mn_major)
+        assert (q.kind, q.scales_dtype, q.scales_shape, q.scales_strides) == \
+            (Quant.GROUP_UE8M0, "int32", tuple(ref.shape), ref.stride())
+        new = q.new_scales("cpu")
+        assert new.dtype == torch.int32 and new.shape == ref.shape and new.stride() == ref.stride()
+        fixed, shared = q.launch_args(groups * 128)
+        words = -(-groups // 4)
+        assert fixed == {"group": 128, "scales_stride": 1 if mn_major else words,
+                         "scales_col_stride": -(-m // 4) * 4 if mn_major else 1}
+        assert shared == 4 * groups
+
+
+def test_fp32_layouts_and_leading_dimensions():
+    q = quant((7, 1024))
+    assert (q.kind, q.scales_dtype, q.scales_shape, q.scales_strides) == (Quant.GROUP, "float32", (7, 8), (8, 1))
+    q = quant((7, 1024), "ue8m0", True)
+    assert (q.kind, q.scales_shape, q.scales_strides, q.row_stride, q.col_stride) == \
+        (Quant.GROUP_POW2, (7, 8), (1, 8), 1, 8)
+    q = quant((2, 3, 1024), "ue8m0_packed", True)  # rows flattened over the leading dimensions
+    assert (q.scales_shape, q.scales_strides) == ((2, 3, 2), (3, 1, 8))
+    assert q.new_scales("cpu").stride() == (3, 1, 8)
+    q = quant((0, 1024), "ue8m0_packed", True)
+    assert q.new_scales("cpu").shape == (0, 2)
+
+
+@pytest.fixture
+def no_plan(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a kernel was planned or launched for bad input")
+    monkeypatch.setattr(ops, "AddRmsnormPlan", refuse)
+    monkeypatch.setattr(LaunchPlan, "launch", refuse)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"group_size": 128, "scales_format": "e8m0"}, r"scales_format='e8m0': it must be one of 'fp32', 'ue8m0', "
+                                                   r"'ue8m0_packed'"),
+    ({"group_size": 128, "scales_format": 8}, "scales_format=8"),
+    ({"scales_format": "ue8m0"}, r"scales_format='ue8m0' applies to per-group scales: give group_size"),
+    ({"scales_mn_major": True}, r"scales_mn_major=True applies to per-group scales"),
+    ({"scale": torch.ones(1), "scales_format": "ue8m0_packed"}, "give group_size"),
+    ({"group_size": 128, "scales_mn_major": "yes"}, "scales_mn_major='yes': it must be True or False"),
+    ({"group_size": 128, "scales_format": "ue8m0_packed", "scales_out": torch.empty(4, 2)},
+     r"scales_out has dtype torch.float32.*it must be int32 of shape \(4, 1\)"),
+    ({"group_size": 128, "scales_format": "ue8m0_packed", "scales_mn_major": True,
+      "scales_out": torch.empty(4, 1, dtype=torch.int32)}, r"strides \(1, 1\): it must be int32 .* strides \(1, 4\)"),
+    ({"group_size": 128, "scales_mn_major": True, "scales_out": torch.empty(4, 2)}, r"strides \(1, 4\)"),
+])
+def test_bad_scale_arguments_are_refused(no_plan, kwargs, match):
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match=match):
+        ops.add_rmsnorm_fp8(x, x.clone(), None, **kwargs)
+
+
+def test_torch_op_fake_gives_the_scales_layout():
+    """Traced by torch.compile, the op's fake returns the scales the call returns: packed MN-major int32."""
+    import fused_ar.torch_ops  # noqa: F401
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    seen = {}
+
+    def backend(gm, example_inputs):
+        FakeTensorProp(gm).propagate(*example_inputs)
+        outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+        seen["vals"] = [(tuple(o.meta["val"].shape), o.meta["val"].dtype, o.meta["val"].stride()) for o in outs]
+        return lambda *args: tuple(torch.zeros(s[0]) for s in seen["vals"])
+
+    def layer(x, residual, norm):
+        return torch.ops.fused_ar.add_rmsnorm_fp8(x, residual, norm, 1e-6, 0.0, None, 128, torch.float8_e4m3fn,
+                                                  "ue8m0_packed", True)
+
+    torch.compile(layer, fullgraph=True, backend=backend)(torch.randn(6, 2176), torch.randn(6, 2176), torch.ones(2176))
+    assert seen["vals"][0][:2] == ((6, 2176), torch.float8_e4m3fn)
+    assert seen["vals"][2] == ((6, 5), torch.int32, (1, 8))
+
+
+def test_kernels_are_rendered_with_the_scale_format():
+    for kind, pow2, ue8m0 in ((Quant.GROUP, 0, 0), (Quant.GROUP_POW2, 1, 0), (Quant.GROUP_UE8M0, 1, 1)):
+        text = render(KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=kind)).text
+        assert "#define FA_QUANT FA_QUANT_GROUP\n" in text
+        assert f"#define FA_SCALE_POW2 {pow2}\n" in text and f"#define FA_SCALE_UE8M0 {ue8m0}\n" in text
+    names = {KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=k).kernel_name for k in Quant}
+    assert len(names) == len(Quant)  # one kernel, one name, per kind
