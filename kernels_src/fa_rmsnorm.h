@@ -4,7 +4,8 @@
 // memory itself. Rendering defines FA_WEIGHT (FA_WEIGHT_SAME | FP32 | NONE), FA_RESIDUAL (0: no residual
 // add, residual_out = the row's values), FA_QUANT (FA_QUANT_NONE: out in T; STATIC | TOKEN | GROUP: out in
 // FP8 with a given, per-row or per-group scale), FA_SCALE_POW2 (per-group scales rounded up to a power of
-// two), FA_SCALE_UE8M0 (those scales stored as their exponent byte, four to a 32-bit word) and FA_REG_PACKS.
+// two), FA_SCALE_UE8M0 (those scales stored as their exponent byte, four to a 32-bit word), FA_GROUP_SHARED
+// (the per-group amax may go through shared memory) and FA_REG_PACKS.
 #pragma once
 #include "fa_types.h"
 #include "fa_reduce.h"
@@ -308,12 +309,17 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   const int packs_per_group = io.group / FA_PACK_ELEMS;
   const int groups = cols / io.group;
   (void)tail_col;  // groups are whole packs: a row with a tail has no groups
-  if (fa_group_in_lanes(packs_per_group)) {
+  // Short-row kernels (FA_GROUP_SHARED 0) carry only the shuffle: under their register bound the shared-memory
+  // path's code spilled (ptxas), and the host gives them only groups that fill a run of lanes.
+  if (!FA_GROUP_SHARED || fa_group_in_lanes(packs_per_group)) {
     // One pass: the group's amax is a shuffle within its run of lanes (no shared memory, no barrier), and
-    // each thread quantizes the y it holds.
+    // each thread quantizes the y it holds. A power of two: the group of a pack is a shift (a division by
+    // a runtime value would cost registers the short-row kernels do not have).
+    int shift = 0;
+    while ((1 << shift) < packs_per_group) ++shift;
     FA_EACH_Y({
       const float scale = fa_group_scale(fa_lanes_max(fa_abs_max(y), packs_per_group));
-      if (p % packs_per_group == 0) fa_store_group_scale(io, p / packs_per_group, groups, scale);
+      if ((p & (packs_per_group - 1)) == 0) fa_store_group_scale(io, p >> shift, groups, scale);
       fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, scale));
     })
   } else {

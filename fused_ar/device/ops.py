@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel
+from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel, group_in_lanes
 from .launch import arch_of, spec_for
 from .. import env
 from .plans import (PLAN_ENV, LaunchPlan, call_inputs, fp8_arguments, input_addresses, plain_eps, plain_offset, quant_key,
@@ -39,6 +39,8 @@ class AddRmsnormPlan(LaunchPlan):
             variant = {"short_rows": short_rows}
         else:  # the T call's block and packs per thread: the same sum order, so the codes quantize its out exactly
             block = min(block, FP8_MAX_BLOCK)
+            if quant.kind.per_group and not group_in_lanes(quant.group, pack // dtype.itemsize):
+                short_rows = False  # the same sum order with more registers: the shared-memory amax fits there
             variant = {"quant": quant.kind, "fp8": quant.fmt, "short_rows": short_rows}
         spec = spec_for(Op.ADD_RMSNORM, dtype, device, block, pack=pack, weight=call.weight,
                         residual=call.residual_stride is not None, inplace=in_place, **variant)

@@ -147,6 +147,17 @@ SHORT_ROW_MAX_BLOCK = 512
 LONG_ROW_THREADS = 768
 
 
+# The narrowest wave (NVIDIA's warp): a per-group FP8 amax is a lane shuffle where a group is a power of two
+# of at most this many packs; the short-row kernels take only such groups (fa_rmsnorm.h, FA_GROUP_SHARED).
+GROUP_LANES = 32
+
+
+def group_in_lanes(group: int, pack_elems: int) -> bool:
+    """Whether groups of `group` columns, `pack_elems` columns a pack, fill a run of lanes of any wave."""
+    packs = group // pack_elems
+    return 0 < packs <= GROUP_LANES and packs & (packs - 1) == 0
+
+
 def add_rmsnorm_short_rows(packs_per_row: int, block: int) -> bool:
     """Whether add_rmsnorm rows of `packs_per_row` packs, `block` threads each, take the short-row kernel."""
     return packs_per_row <= SHORT_ROW_PACKS * block

@@ -78,6 +78,7 @@ def render(spec: KernelSpec) -> Source:
         "FA_FP8_HW": int(spec.quant is not Quant.NONE and fp8_in_hardware(spec.arch, spec.fp8)),
         "FA_SCALE_POW2": int(spec.quant in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)),
         "FA_SCALE_UE8M0": int(spec.quant is Quant.GROUP_UE8M0),
+        "FA_GROUP_SHARED": int(not spec.short_rows),  # short rows: only groups that fill a run of lanes (kernels.py)
         **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]
