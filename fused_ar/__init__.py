@@ -20,6 +20,7 @@ from ._version import __version__
 _LAZY = {
     "add_rmsnorm": "device.ops",
     "add_rmsnorm_fp8": "device.ops",
+    "add_rmsnorm_fp4": "device.ops",
     "Communicator": "comm.communicator",
     "KernelSpec": "jit.spec",
     "DType": "jit.spec",

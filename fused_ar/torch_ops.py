@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 
 from .comm.registry import lookup
-from .device.ops import add_rmsnorm, add_rmsnorm_fp8
+from .device.ops import add_rmsnorm, add_rmsnorm_fp4, add_rmsnorm_fp8
 
 SCHEMAS = {
     "allreduce_rmsnorm": "allreduce_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
@@ -41,6 +41,13 @@ SCHEMAS = {
                              "str path=\"auto\", float weight_offset=0.0, Tensor? scale=None, int? group_size=None, "
                              "ScalarType? fp8_dtype=None, str scales_format=\"fp32\", bool scales_mn_major=False) "
                              "-> (Tensor, Tensor, Tensor)",
+    # FP4 output: (values, residual_out, scales).
+    "add_rmsnorm_fp4": "add_rmsnorm_fp4(Tensor x, Tensor? residual, Tensor? weight, float eps, float weight_offset=0.0, "
+                       "str fp4_format=\"nvfp4\", Tensor? global_scale=None, bool scales_swizzled=False) "
+                       "-> (Tensor, Tensor, Tensor)",
+    "allreduce_rmsnorm_fp4": "allreduce_rmsnorm_fp4(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
+                             "str path=\"auto\", float weight_offset=0.0, str fp4_format=\"nvfp4\", "
+                             "Tensor? global_scale=None, bool scales_swizzled=False) -> (Tensor, Tensor, Tensor)",
     # Sequence parallelism: x holds every row, the outputs this rank's (Communicator.shard_rows).
     "reduce_scatter_rmsnorm": "reduce_scatter_rmsnorm(Tensor x, Tensor? residual, Tensor? weight, float eps, int comm, "
                               "float weight_offset=0.0) -> (Tensor, Tensor)",
@@ -110,6 +117,24 @@ def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], we
         fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major, path=path), scale)
 
 
+def _add_rmsnorm_fp4(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
+                     weight_offset: float = 0.0, fp4_format: str = "nvfp4", global_scale: Optional[torch.Tensor] = None,
+                     scales_swizzled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values, residual_out, scales) = fused_ar.add_rmsnorm_fp4(...)."""
+    return add_rmsnorm_fp4(x, residual, weight, eps, weight_offset=weight_offset, fp4_format=fp4_format,
+                           global_scale=global_scale, scales_swizzled=scales_swizzled)
+
+
+def _allreduce_rmsnorm_fp4(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
+                           comm: int, path: str = "auto", weight_offset: float = 0.0, fp4_format: str = "nvfp4",
+                           global_scale: Optional[torch.Tensor] = None,
+                           scales_swizzled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values, residual_out, scales) = Communicator(comm).allreduce_rmsnorm_fp4(...)."""
+    return lookup(comm).allreduce_rmsnorm_fp4(x, residual, weight, eps, weight_offset=weight_offset, path=path,
+                                              fp4_format=fp4_format, global_scale=global_scale,
+                                              scales_swizzled=scales_swizzled)
+
+
 def _reduce_scatter_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
                             eps: float, comm: int, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, residual_out) = Communicator(comm).reduce_scatter_rmsnorm(x, residual, weight, eps, ...)."""
@@ -145,26 +170,60 @@ def _fake_scatter(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm:
     return _shard_of(x, comm), _shard_of(x, comm)
 
 
-def _fake_scatter_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm: int, *rest: Any) -> tuple:
-    return _fake_fp8(_shard_of(x, comm), residual, weight, eps, *rest)
-
-
 def _fake_gather(x: torch.Tensor, comm: int, rows: int) -> torch.Tensor:
     return x.new_empty((rows, x.shape[1]))
 
 
-def _fake_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, *rest: Any) -> tuple:
+def _fp8_outputs(x: torch.Tensor, scale: Any, group_size: Any, fp8_dtype: Any, scales_format: Any,
+                 scales_mn_major: Any) -> tuple:
+    """The (q, residual_out, scales) an FP8 call on rows x returns, as empty tensors of their layouts."""
     from .device.launch import arch_of
     from .jit.spec import DType, native_fp8
     from .device.validate import check_quant
 
-    *_, scale, group_size, fp8_dtype, scales_format, scales_mn_major = rest
     # the device's native format only where none is named (tracing may run without the device)
     native = native_fp8(arch_of(x.device.index)) if fp8_dtype is None else None
     quant = check_quant(x, x.shape[-1], DType.parse(x.dtype), scale, group_size, fp8_dtype, native, scales_format,
                         scales_mn_major)
     scales = scale.new_empty(scale.shape) if scale is not None else quant.new_scales(x.device)
-    return torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device), torch.empty_like(x), scales
+    return quant.new_out(tuple(x.shape[:-1]), x.device), torch.empty_like(x), scales
+
+
+def _fp4_outputs(x: torch.Tensor, fp4_format: Any, global_scale: Any, scales_swizzled: Any) -> tuple:
+    from .device.validate import check_fp4
+
+    quant = check_fp4(x, x.shape[-1], fp4_format, scales_swizzled, global_scale)
+    return quant.new_out(tuple(x.shape[:-1]), x.device), torch.empty_like(x), quant.new_scales(x.device)
+
+
+# The fakes take the ops' own signatures: torch passes what the caller passed, defaults left out.
+def _fake_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, weight_offset: float = 0.0, scale: Any = None,
+              group_size: Any = None, fp8_dtype: Any = None, scales_format: str = "fp32",
+              scales_mn_major: bool = False) -> tuple:
+    return _fp8_outputs(x, scale, group_size, fp8_dtype, scales_format, scales_mn_major)
+
+
+def _fake_allreduce_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm: int, path: str = "auto",
+                        weight_offset: float = 0.0, scale: Any = None, group_size: Any = None, fp8_dtype: Any = None,
+                        scales_format: str = "fp32", scales_mn_major: bool = False) -> tuple:
+    return _fp8_outputs(x, scale, group_size, fp8_dtype, scales_format, scales_mn_major)
+
+
+def _fake_scatter_fp8(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm: int, weight_offset: float = 0.0,
+                      scale: Any = None, group_size: Any = None, fp8_dtype: Any = None, scales_format: str = "fp32",
+                      scales_mn_major: bool = False) -> tuple:
+    return _fp8_outputs(_shard_of(x, comm), scale, group_size, fp8_dtype, scales_format, scales_mn_major)
+
+
+def _fake_fp4(x: torch.Tensor, residual: Any, weight: Any, eps: float, weight_offset: float = 0.0,
+              fp4_format: str = "nvfp4", global_scale: Any = None, scales_swizzled: bool = False) -> tuple:
+    return _fp4_outputs(x, fp4_format, global_scale, scales_swizzled)
+
+
+def _fake_allreduce_fp4(x: torch.Tensor, residual: Any, weight: Any, eps: float, comm: int, path: str = "auto",
+                        weight_offset: float = 0.0, fp4_format: str = "nvfp4", global_scale: Any = None,
+                        scales_swizzled: bool = False) -> tuple:
+    return _fp4_outputs(x, fp4_format, global_scale, scales_swizzled)
 
 
 def _fake_pair(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +241,8 @@ def _fake_none(*args: Any) -> None:
 _KERNELS = {"allreduce_rmsnorm": (_allreduce_rmsnorm, _fake_pair), "allreduce": (_allreduce, _fake_one),
             "add_rmsnorm": (_add_rmsnorm, _fake_pair), "add_rmsnorm_": (_add_rmsnorm_, _fake_none),
             "allreduce_rmsnorm_": (_allreduce_rmsnorm_, _fake_none),
-            "add_rmsnorm_fp8": (_add_rmsnorm_fp8, _fake_fp8), "allreduce_rmsnorm_fp8": (_allreduce_rmsnorm_fp8, _fake_fp8),
+            "add_rmsnorm_fp8": (_add_rmsnorm_fp8, _fake_fp8), "allreduce_rmsnorm_fp8": (_allreduce_rmsnorm_fp8, _fake_allreduce_fp8),
+            "add_rmsnorm_fp4": (_add_rmsnorm_fp4, _fake_fp4), "allreduce_rmsnorm_fp4": (_allreduce_rmsnorm_fp4, _fake_allreduce_fp4),
             "reduce_scatter_rmsnorm": (_reduce_scatter_rmsnorm, _fake_scatter),
             "reduce_scatter_rmsnorm_fp8": (_reduce_scatter_rmsnorm_fp8, _fake_scatter_fp8),
             "all_gather": (_all_gather, _fake_gather)}

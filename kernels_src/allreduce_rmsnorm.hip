@@ -42,8 +42,9 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_peers_t* __restrict__ peers, int rank, fa_out_t* __restrict__ out,
     fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT residual,
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
-    fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, float* __restrict__ scales, int group,
-    fa_i64 scales_stride, fa_i64 scales_col_stride, fa_i64 timeout_ns
+    fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_scale_t* __restrict__ scales, int group,
+    fa_i64 scales_stride, fa_i64 scales_col_stride,
+    const float* __restrict__ global_scale, int scales_row0, fa_i64 timeout_ns
 #if FA_SCATTER
     , int first_row, int all_rows
 #endif
@@ -82,7 +83,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_peer_source_t src = {peers, local_tmp, (source_row + row) * packs};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
                             residual + row * residual_stride, weight, scales + row * scales_stride, group,
-                            scales_col_stride};
+                            scales_col_stride, global_scale, scales_row0 + row};
     fa_add_rmsnorm_row(src, io, cols, eps, weight_offset);
   }
   if (fa_barrier(bar, FA_PHASE_END)) fa_barrier_end(bar);  // no peer still reads this rank's input or writes its tmp

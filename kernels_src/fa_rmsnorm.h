@@ -9,17 +9,25 @@
 #pragma once
 #include "fa_types.h"
 #include "fa_reduce.h"
-#include "fa_fp8.h"
+#include "fa_fp4.h"
 
 #define FA_QUANT_NONE 0
 #define FA_QUANT_STATIC 1
 #define FA_QUANT_TOKEN 2
 #define FA_QUANT_GROUP 3
+#define FA_QUANT_NVFP4 4
+#define FA_QUANT_MXFP4 5
+#define FA_QUANT_FP4 (FA_QUANT == FA_QUANT_NVFP4 || FA_QUANT == FA_QUANT_MXFP4)
 
 #if FA_QUANT == FA_QUANT_NONE
 typedef fa_elem_t fa_out_t;
 #else
 typedef fa_u8 fa_out_t;
+#endif
+#if FA_QUANT_FP4
+typedef fa_u8 fa_scale_t;  // one byte a block: E4M3 (NVFP4) or UE8M0 (MXFP4)
+#else
+typedef float fa_scale_t;  // fp32 scales, or UE8M0 bytes four to a 32-bit word
 #endif
 
 #define FA_WEIGHT_SAME 0  // weight has x's dtype
@@ -122,9 +130,13 @@ struct fa_row_io_t {
   fa_elem_t* residual_out;
   const fa_elem_t* residual;
   const fa_weight_t* weight;
-  float* scales;  // FA_QUANT_STATIC: the scale (read); TOKEN: this row's scale; GROUP: this row's first scale
+  // FA_QUANT_STATIC: the scale (read); TOKEN: this row's scale; GROUP and FP4: this row's first scale (FP4
+  // with FA_SCALE_SWIZZLED: the first of all rows')
+  fa_scale_t* scales;
   int group;      // FA_QUANT_GROUP: columns per group (a whole number of packs)
   fa_i64 scales_col_stride;  // FA_QUANT_GROUP: 32-bit words from one group's scale (UE8M0: 4 groups' word) to the next
+  const float* global_scale;  // FA_QUANT_NVFP4: the caller's fp32 global scale (read)
+  int row;        // FA_SCALE_SWIZZLED: the row's index in the scales' tiles
 };
 
 // y = float(T(residual_out * inv_rms * (weight + offset))): the call's own unquantized out, as a float.
@@ -202,6 +214,25 @@ FA_INLINE void fa_store_group_scale(const fa_row_io_t& io, int g, int groups, fl
 #else
   (void)groups;
   io.scales[g * io.scales_col_stride] = s;
+#endif
+}
+
+// Stores block b's FP4 scale code of a row of `blocks`: at the row's byte b, or (FA_SCALE_SWIZZLED) in the
+// NVFP4 GEMMs' layout: tiles of 128 rows x 4 blocks in row-major tile order (the blocks padded to a multiple
+// of 4), each tile's 512 bytes ordered [row % 32][(row % 128) / 32][block % 4]. The last block also zeroes
+// the padding blocks of its tile row, which the GEMM reads.
+FA_INLINE void fa_store_block_scale(const fa_row_io_t& io, int b, int blocks, fa_u32 code) {
+#if FA_SCALE_SWIZZLED
+  const int padded = (blocks + 3) & ~3;
+  fa_scale_t* at = io.scales + (fa_i64)(io.row >> 7) * (padded >> 2) * 512 + (fa_i64)(b >> 2) * 512 +
+                   (io.row & 31) * 16 + ((io.row & 127) >> 5) * 4;
+  at[b & 3] = (fa_u8)code;
+  if (b == blocks - 1) {
+    for (int j = (b & 3) + 1; j < 4; ++j) at[j] = 0;
+  }
+#else
+  (void)blocks;
+  io.scales[b] = (fa_u8)code;
 #endif
 }
 
@@ -336,6 +367,35 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
     })
     fa_sync_block();  // every read of this row's group amax is done before the next row zeroes them
   }
+#elif FA_QUANT_FP4
+  // Blocks of FA_FP4_BLOCK columns, each a power-of-two run of lanes (the host takes n a multiple of the block
+  // and 16-byte packs): the block's amax is a shuffle, each thread writes its pack's codes and the block's
+  // first lane its scale.
+  constexpr int kPacksPerBlock = FA_FP4_BLOCK / FA_PACK_ELEMS;
+  static_assert(FA_FP4_BLOCK % FA_PACK_ELEMS == 0 && kPacksPerBlock <= 32 &&
+                (kPacksPerBlock & (kPacksPerBlock - 1)) == 0, "an FP4 block is a power-of-two run of lanes");
+  const int blocks = cols / FA_FP4_BLOCK;
+  (void)tail_col;  // blocks are whole packs: no tail
+#if FA_QUANT == FA_QUANT_NVFP4
+  const float global_scale = io.global_scale[0];
+#endif
+  FA_EACH_Y({
+    const float amax = fa_lanes_max(fa_abs_max(y), kPacksPerBlock);
+#if FA_QUANT == FA_QUANT_NVFP4
+    const fa_u32 code = fa_nvfp4_scale(global_scale, amax);
+    const float s = fa_e4m3_value(code);
+    const float mul = s == 0.0f ? 0.0f : fa_div(global_scale, s);  // values = e2m1(y * (global / s))
+#pragma unroll
+    for (int i = 0; i < FA_PACK_ELEMS; ++i) y[i] = y[i] * mul;
+#else
+    float scale;
+    const fa_u32 code = fa_mxfp4_scale(amax, scale);  // values = e2m1(y / 2^X)
+#pragma unroll
+    for (int i = 0; i < FA_PACK_ELEMS; ++i) y[i] = fa_div(y[i], scale);
+#endif
+    fa_store_fp4_pack(io.out, p, y);
+    if (p % kPacksPerBlock == 0) fa_store_block_scale(io, p / kPacksPerBlock, blocks, code);
+  })
 #else
 #if FA_QUANT == FA_QUANT_TOKEN
   float amax = 0.0f;

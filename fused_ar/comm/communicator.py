@@ -24,19 +24,20 @@ from .ipc import PeerView, RankMemory, close_peers, export_handles, import_peers
 from ..jit.kernels import (ALLREDUCE_1STAGE, ALLREDUCE_2STAGE, ALLREDUCE_RMSNORM_1STAGE, ALLREDUCE_RMSNORM_2STAGE,
                       CROSS_GPU_NGPUS, MAX_BLOCKS, TWO_STAGE_BLOCK, allreduce_rmsnorm_block, warm_matrix)
 from ..device.launch import arch_of, function, preload, spec_for
-from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, fp8_arguments, input_addresses,
-                            is_capturing, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
+from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call_inputs, fp4_arguments, fp8_arguments,
+                            input_addresses, is_capturing, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
 from .policy import DEFAULT_MAX_BYTES, FallbackLog, Path, choose_path, group_fallback_reason, overrides
-from ..device.ops import add_rmsnorm_into, check_fp8_aliasing
+from ..device.ops import (add_rmsnorm_into, check_fp8_aliasing, check_quant_values, quant_pointers,
+                          quant_tensors)
 from .report import pending_exception, read_error_word
 from .sequence import SequenceParallel
 from ..backends import current_runtime
-from ..jit.spec import DEFAULT_PACK, DType, KernelSpec, Quant, native_fp8
+from ..jit.spec import DEFAULT_PACK, DType, KernelSpec, native_fp8
 from .thresholds import SizeRule, Thresholds
 from .thresholds import load as load_thresholds
 from ..device.validate import (QuantCall, RmsnormCall, check_devices, check_fp8_call, check_outputs,
-                       check_rmsnorm_inputs, check_rows, check_scale_value, cross_gpu_limit, device_index, require_gpu)
+                       check_rmsnorm_inputs, check_rows, cross_gpu_limit, device_index, require_gpu)
 
 _ids = itertools.count(1)
 
@@ -345,20 +346,29 @@ class Communicator(SequenceParallel):
         fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
         return self._rmsnorm(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
 
+    def allreduce_rmsnorm_fp4(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                              fp4_format: str = "nvfp4", global_scale: Optional[Any] = None,
+                              scales_swizzled: bool = False, weight_offset: float = 0.0, path: str = "auto",
+                              out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                              scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+        """(values, residual_out, scales): allreduce_rmsnorm's out quantized to FP4 (NVFP4 or MXFP4) in the same
+        kernel, as fused_ar.add_rmsnorm_fp4 quantizes (its formats, scale layouts and exactness: the bytes of
+        the reference quantization of the out allreduce_rmsnorm returns)."""
+        fp8 = fp4_arguments(fp4_format, global_scale, scales_swizzled, scales_out)
+        return self._rmsnorm(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
+
     def _rmsnorm_plan(self, checked: Any, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str,
                       out: Any, residual_out: Any, fp8: Optional[dict]) -> tuple[CallPlan, Any, Any, tuple]:
         """(plan, eps, weight offset, input addresses) of an add + RMSNorm op (`checked`: its full checks, which
         make and keep the plan of its key): the kept plan where this call's pointers pass its per-call checks."""
-        scales = None if fp8 is None else fp8["scales"]
         try:
             key = (rmsnorm_key(x, residual, weight, out, residual_out), path, overrides(),
-                   None if fp8 is None else quant_key(fp8),
-                   checked.__name__)
+                   None if fp8 is None else quant_key(fp8), checked.__name__)
         except AttributeError:  # not a tensor: the full checks say so
             key = None
         plan = self._plans.get(key)
         if plan is not None and plain_eps(eps) and plain_offset(offset):
-            inputs = call_inputs(plan, x, residual, weight, out, residual_out, scales)
+            inputs = call_inputs(plan, x, residual, weight, out, residual_out, *quant_pointers(fp8))
             if inputs is not None:
                 return plan, eps, offset, inputs
         plan, eps, offset = checked(key, x, residual, weight, eps, offset, path, out, residual_out, fp8)
@@ -367,13 +377,13 @@ class Communicator(SequenceParallel):
     @staticmethod
     def _outputs(plan: CallPlan, x: Any, shape: tuple, out: Any, residual_out: Any, scales: Any) -> tuple[Any, Any, Any]:
         """(out, residual_out, scales) of an add + RMSNorm call of `shape` rows: those given, else new ones (out
-        in T or the plan's FP8, the scales of its quantization)."""
+        in T or quantized as the plan says, the scales of its quantization)."""
         import torch
 
         quant = plan.quant
         if out is None:
-            out = torch.empty(shape, dtype=x.dtype if quant is None else getattr(torch, quant.fmt.torch_name),
-                              device=x.device)
+            out = torch.empty(shape, dtype=x.dtype, device=x.device) if quant is None else \
+                quant.new_out(shape[:-1], x.device)
         residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
         if quant is not None and scales is None:
             scales = quant.new_scales(x.device)
@@ -395,12 +405,14 @@ class Communicator(SequenceParallel):
             xp, rp, wp = inputs
             op, rop = out.data_ptr(), residual_out.data_ptr()
             sp = 0 if scales is None else scales.data_ptr()
+            gp = 0 if fp8 is None or fp8["global_scale"] is None else fp8["global_scale"].data_ptr()
             # out at x: peers may still read x in place (a captured call) while this rank writes out: stage it
             stage = plan.stage_x or op == xp
             if plan.chunks is None:
                 buf = plan.buffer()
                 v = buf.values
                 v.residual, v.weight, v.out, v.residual_out, v.scales = rp, wp, op, rop, sp
+                v.global_scale = gp
                 v.peers = self._peer_table(xp, plan, stream, stage)
                 v.eps, v.weight_offset = eps, offset
                 plan.launch(stream, buf)
@@ -411,6 +423,7 @@ class Communicator(SequenceParallel):
                     v = buf.values
                     v.residual, v.weight = rp and rp + lo * pr, wp
                     v.out, v.residual_out, v.scales = op + lo * po, rop + lo * pro, sp and sp + lo * ps
+                    v.global_scale, v.scales_row0 = gp, lo  # the swizzled scales' tiles place rows by index
                     v.peers = self._peer_table(xp + lo * px, sub, stream, stage)
                     v.eps, v.weight_offset = eps, offset
                     sub.launch(stream, buf)
@@ -446,27 +459,9 @@ class Communicator(SequenceParallel):
                        path: str, out: Any, residual_out: Any, fp8: Optional[dict]) -> tuple[CallPlan, float, float]:
         """Every rule of the call (raising InputError naming the value), the path, and the plan of its key."""
         call = check_rmsnorm_inputs(x, residual, weight, eps, offset)
-        inputs = {"x": x, "residual": residual, "weight": weight}
-        quant, q_layout = None, None
-        if fp8 is None:
-            layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, x)
-        else:
-            quant, q_layout = check_fp8_call(x, call, fp8, native_fp8(arch_of(self.device)), out)
-            layouts = check_outputs(inputs, {"residual_out": residual_out}, x)
-            check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
-        self._check_device(**inputs, out=out, residual_out=residual_out,
-                           **({} if fp8 is None else {"scales": fp8["scales"]}))
-        if quant is not None and quant.kind is Quant.STATIC:
-            check_scale_value(fp8["scales"])
+        quant, q_layout, layouts, unsupported = self._checked_operands(x, x, call, residual, weight, out, residual_out,
+                                                                       fp8, None)
         rows, cols = call.x.rows, call.x.cols
-        rows_limited = {"residual": residual, "weight": weight, "residual_out": residual_out}
-        if fp8 is None:
-            rows_limited["out"] = out
-        unsupported = cross_gpu_limit(cols, call.x.dtype, rows_limited)
-        per_access = DEFAULT_PACK // call.x.dtype.itemsize  # FP8 bytes per 16-byte access of x
-        if unsupported is None and q_layout is not None and (out.data_ptr() % per_access or q_layout.row_stride % per_access):
-            unsupported = (f"out has FP8 rows at address {out.data_ptr():#x} with stride {q_layout.row_stride}: the "
-                           f"cross-GPU kernels need them {per_access}-byte aligned")
         row_bytes = cols * call.x.dtype.itemsize
         if unsupported is None and rows and row_bytes > self.max_bytes:
             unsupported = (f"a row of x has {row_bytes} bytes (n={cols}, {call.x.dtype.value}), over this "
@@ -499,7 +494,8 @@ class Communicator(SequenceParallel):
                 else:
                     pitches = (x_pitch, (call.residual_stride or 0) * call.x.dtype.itemsize,
                                fixed["out_stride"] * (1 if quant is not None else call.x.dtype.itemsize),
-                               fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * fixed.get("scales_stride", 0))
+                               fixed["residual_out_stride"] * call.x.dtype.itemsize,
+                               (quant.scale_bytes if quant else 0) * fixed.get("scales_stride", 0))
                     plan = CallPlan.chunked_plan(tensors, rows, in_place, quant, q_tensors,
                                                  _chunks(rows, chunk_rows, part), pitches)
             plan.stage_x = call.x.row_stride != cols or x.data_ptr() % DEFAULT_PACK != 0
@@ -611,6 +607,33 @@ class Communicator(SequenceParallel):
         add_rmsnorm_into(out, residual_out, ar, residual, weight, eps, offset, fp8, scales)
 
     # -- helpers ------------------------------------------------------------------------------------------
+    def _checked_operands(self, x: Any, rows: Any, call: RmsnormCall, residual: Any, weight: Any, out: Any,
+                          residual_out: Any, fp8: Optional[dict],
+                          in_place: Optional[set]) -> tuple[Optional[QuantCall], Any, dict, Optional[str]]:
+        """The output, quantization, aliasing, device and value rules of an add + RMSNorm call whose outputs
+        hold `rows` (x itself, or this rank's shard of it); returns (quant, out's quantized layout, the given
+        outputs' layouts, what the cross-GPU kernels cannot take or None)."""
+        inputs = {"x": x, "residual": residual, "weight": weight}
+        quant, q_layout = None, None
+        if fp8 is None:
+            layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, rows, in_place=in_place)
+        else:
+            quant, q_layout = check_fp8_call(rows, call, fp8, native_fp8(arch_of(self.device)), out)
+            layouts = check_outputs(inputs, {"residual_out": residual_out}, rows, in_place=in_place)
+            check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8)
+        self._check_device(**inputs, out=out, residual_out=residual_out, **quant_tensors(fp8))
+        check_quant_values(quant, fp8)
+        rows_limited = {"residual": residual, "weight": weight, "residual_out": residual_out}
+        if fp8 is None:
+            rows_limited["out"] = out
+        unsupported = cross_gpu_limit(call.x.cols, call.x.dtype, rows_limited)
+        if unsupported is None and q_layout is not None:
+            per_access = DEFAULT_PACK // call.x.dtype.itemsize // quant.out_ratio  # out bytes per 16-byte access
+            if out.data_ptr() % per_access or q_layout.row_stride % per_access:
+                unsupported = (f"out has quantized rows at address {out.data_ptr():#x} with stride "
+                               f"{q_layout.row_stride}: the cross-GPU kernels need them {per_access}-byte aligned")
+        return quant, q_layout, layouts, unsupported
+
     def _check_device(self, **tensors: Any) -> None:
         check_devices(**tensors)
         first = next(iter(tensors.values()))

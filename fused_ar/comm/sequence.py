@@ -17,13 +17,12 @@ import math
 from typing import Any, Optional
 
 from ..errors import InputError
-from ..device.plans import CallPlan, fp8_arguments, is_capturing, raw_stream, rmsnorm_key
-from ..device.launch import arch_of, spec_for
-from ..device.ops import add_rmsnorm_into, check_fp8_aliasing
-from ..device.validate import (check_devices, check_fp8_call, check_outputs, check_rmsnorm_inputs, check_rows,
-                               check_scale_value, cross_gpu_limit)
+from ..device.plans import CallPlan, fp4_arguments, fp8_arguments, is_capturing, raw_stream, rmsnorm_key
+from ..device.launch import spec_for
+from ..device.ops import add_rmsnorm_into
+from ..device.validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows, cross_gpu_limit
 from ..jit.kernels import ALL_GATHER, REDUCE_SCATTER_RMSNORM, allreduce_rmsnorm_block
-from ..jit.spec import DEFAULT_PACK, Quant, native_fp8
+from ..jit.spec import DEFAULT_PACK
 from .policy import Path, overrides, parse_path
 
 GATHER_BLOCK = ALL_GATHER.warm_blocks[0]
@@ -72,6 +71,16 @@ class SequenceParallel:
         fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
         return self._scatter(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
 
+    def reduce_scatter_rmsnorm_fp4(self, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                                   fp4_format: str = "nvfp4", global_scale: Optional[Any] = None,
+                                   scales_swizzled: bool = False, weight_offset: float = 0.0, path: str = "auto",
+                                   out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                                   scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+        """(values, residual_out, scales) of this rank's shard: reduce_scatter_rmsnorm's out quantized as
+        allreduce_rmsnorm_fp4 quantizes (the swizzled tiles over this rank's rows), bit for bit."""
+        fp8 = fp4_arguments(fp4_format, global_scale, scales_swizzled, scales_out)
+        return self._scatter(x, residual, weight, eps, weight_offset, path, out, residual_out, fp8)
+
     def _scatter(self, x: Any, residual: Any, weight: Any, eps: Any, offset: Any, path: str, out: Any,
                  residual_out: Any, fp8: Optional[dict]) -> tuple[Any, Any, Any]:
         self.check()
@@ -90,6 +99,7 @@ class SequenceParallel:
             xp, rp, wp = inputs
             op, rop = out.data_ptr(), residual_out.data_ptr()
             sp = 0 if scales is None else scales.data_ptr()
+            gp = 0 if fp8 is None or fp8["global_scale"] is None else fp8["global_scale"].data_ptr()
             px, pr, po, pro, ps = plan.pitches
             per = plan.chunks[1][0] if len(plan.chunks) > 1 else -(-x.shape[0] // self.world_size)
             for first, sub in plan.chunks:
@@ -97,6 +107,7 @@ class SequenceParallel:
                 v = buf.values
                 v.residual, v.weight = rp and rp + first * pr, wp
                 v.out, v.residual_out, v.scales = op + first * po, rop + first * pro, sp and sp + first * ps
+                v.global_scale, v.scales_row0 = gp, first  # the swizzled scales' tiles place rows by index
                 v.peers, v.first_row = self._shard_table(xp, px, plan, first, per, stream)
                 v.eps, v.weight_offset = eps, offset
                 sub.launch(stream, buf)
@@ -140,27 +151,8 @@ class SequenceParallel:
                                  f"({hi - lo}, {cols})")
         mine = x[lo:hi]
         call = check_rmsnorm_inputs(mine, residual, weight, eps, offset)
-        inputs = {"x": x, "residual": residual, "weight": weight}
-        quant, q_layout = None, None
-        no_alias = {("residual_out", "residual")}
-        if fp8 is None:
-            layouts = check_outputs(inputs, {"out": out, "residual_out": residual_out}, mine, in_place=no_alias)
-        else:
-            quant, q_layout = check_fp8_call(mine, call, fp8, native_fp8(arch_of(self.device)), out)
-            layouts = check_outputs(inputs, {"residual_out": residual_out}, mine, in_place=no_alias)
-            check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
-        self._check_device(**inputs, out=out, residual_out=residual_out,
-                           **({} if fp8 is None else {"scales": fp8["scales"]}))
-        if quant is not None and quant.kind is Quant.STATIC:
-            check_scale_value(fp8["scales"])
-        rows_limited = {"residual": residual, "weight": weight, "residual_out": residual_out}
-        if fp8 is None:
-            rows_limited["out"] = out
-        unsupported = cross_gpu_limit(cols, call.x.dtype, rows_limited)
-        per_access = DEFAULT_PACK // call.x.dtype.itemsize
-        if unsupported is None and q_layout is not None and (out.data_ptr() % per_access or q_layout.row_stride % per_access):
-            unsupported = (f"out has FP8 rows at address {out.data_ptr():#x} with stride {q_layout.row_stride}: the "
-                           f"cross-GPU kernels need them {per_access}-byte aligned")
+        quant, q_layout, layouts, unsupported = self._checked_operands(x, mine, call, residual, weight, out, residual_out,
+                                                                       fp8, {("residual_out", "residual")})
         row_bytes = cols * call.x.dtype.itemsize
         shard = -(-m // self.world_size)
         per = shard if m * row_bytes <= self.max_bytes else self.max_bytes // (self.world_size * row_bytes)
@@ -206,7 +198,8 @@ class SequenceParallel:
             x_pitch = call.x.row_stride * call.x.dtype.itemsize
             pitches = (x_pitch, (call.residual_stride or 0) * call.x.dtype.itemsize,
                        fixed["out_stride"] * (1 if quant is not None else call.x.dtype.itemsize),
-                       fixed["residual_out_stride"] * call.x.dtype.itemsize, 4 * fixed.get("scales_stride", 0))
+                       fixed["residual_out_stride"] * call.x.dtype.itemsize,
+                       (quant.scale_bytes if quant else 0) * fixed.get("scales_stride", 0))
             plan = CallPlan.chunked_plan(tensors, m, in_place, quant, q_tensors, chunks, pitches)
             plan.x_layout = (m, row_bytes, x_pitch)
         # the registered x is read in place under capture: only contiguous, aligned rows

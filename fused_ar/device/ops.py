@@ -1,5 +1,5 @@
-"""Public single-GPU ops: `add_rmsnorm` (out in T) and `add_rmsnorm_fp8` (out in FP8 with its scales), also
-the epilogue of the communicator's fallback path.
+"""Public single-GPU ops: `add_rmsnorm` (out in T), `add_rmsnorm_fp8` and `add_rmsnorm_fp4` (out quantized, with
+its scales), also the epilogue of the communicator's fallback path.
 
 Semantics are docs/design.md sections 1 and 1b with N = 1. A call's key (shapes, dtypes, strides, devices,
 which operands are given, how it quantizes) is validated fully the first time, with a launch plan built
@@ -15,9 +15,10 @@ from typing import Any, Optional
 from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel, group_in_lanes
 from .launch import arch_of, spec_for
 from .. import env
-from .plans import (PLAN_ENV, LaunchPlan, call_inputs, fp8_arguments, input_addresses, plain_eps, plain_offset, quant_key,
-                    raw_stream, rmsnorm_key, span_bytes)
-from ..jit.spec import Op, Quant, native_fp8
+from .plans import (PLAN_ENV, LaunchPlan, call_inputs, fp4_arguments, fp8_arguments, input_addresses, plain_eps,
+                    plain_offset, quant_key, raw_stream, rmsnorm_key, span_bytes)
+from ..errors import InputError
+from ..jit.spec import DEFAULT_PACK, Op, Quant, native_fp8
 from .validate import (QuantCall, RmsnormCall, RowsShape, check_devices, check_fp8_call, check_outputs,
                        check_rmsnorm_inputs, check_scale_value, overlaps, row_pack)
 
@@ -51,17 +52,18 @@ class AddRmsnormPlan(LaunchPlan):
         super().__init__(spec, device, min(rows, MAX_GRID_BLOCKS), {**fixed, **scale_args}, shared_mem=shared_mem)
         self.align, self.in_place, self.quant = pack, in_place, quant
         self.spans = tuple(span_bytes(t) for t in tensors)
-        self.q_spans = tuple(span_bytes(t) for t in q_tensors)  # out (FP8), scales or scale
-        self.q_align = pack // dtype.itemsize  # FP8 bytes per access
+        self.q_spans = tuple(span_bytes(t) for t in q_tensors)  # out (quantized), scales or scale
+        self.q_align = pack // dtype.itemsize // (1 if quant is None else quant.out_ratio)  # out bytes per access
 
     def run(self, out: Any, residual_out: Any, inputs: tuple[int, int, int], eps: float, offset: float,
-            scales: Any = None) -> None:
+            scales: Any = None, global_scale: Any = None) -> None:
         """One launch; `inputs`: the (x, residual, weight) addresses, 0 for an absent one."""
         buf = self.buffer()
         v = buf.values
         v.x, v.residual, v.weight = inputs
         v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
         v.scales = 0 if scales is None else scales.data_ptr()
+        v.global_scale = 0 if global_scale is None else global_scale.data_ptr()
         v.eps, v.weight_offset = eps, offset
         self.launch(raw_stream(self.device), buf)
 
@@ -82,7 +84,7 @@ def _plan(x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, r
         key = None
     plan = None if key is None else _plans.get(key)
     if plan is not None and plain_eps(eps) and plain_offset(offset):
-        inputs = call_inputs(plan, x, residual, weight, out, residual_out, None if fp8 is None else fp8["scales"])
+        inputs = call_inputs(plan, x, residual, weight, out, residual_out, *quant_pointers(fp8))
         if inputs is not None:
             return plan, inputs, eps, offset
     plan, eps, offset = _checked_plan(key, x, residual, weight, eps, offset, out, residual_out, fp8)
@@ -102,13 +104,11 @@ def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offs
         named = {"residual_out": residual_out}
     layouts = check_outputs({"x": x, "residual": residual, "weight": weight}, named, x)
     if fp8 is not None:
-        check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8["scales"])
+        check_fp8_aliasing(quant, x, residual, weight, residual_out, out, fp8)
         if q_layout is not None:
             layouts["out"] = q_layout
-    check_devices(x=x, residual=residual, weight=weight, out=out, residual_out=residual_out,
-                  **({} if fp8 is None else {"scales": fp8["scales"]}))
-    if quant is not None and quant.kind is Quant.STATIC:
-        check_scale_value(fp8["scales"])
+    check_devices(x=x, residual=residual, weight=weight, out=out, residual_out=residual_out, **quant_tensors(fp8))
+    check_quant_values(quant, fp8)
     in_place = (fp8 is None and out is not None and out.data_ptr() == x.data_ptr()) or (
         residual_out is not None and residual is not None and residual_out.data_ptr() == residual.data_ptr())
     strides = [call.x.row_stride] + [call.residual_stride] * (residual is not None) + \
@@ -117,10 +117,14 @@ def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offs
     rows_at += [] if out is None or fp8 is not None else [out.data_ptr()]
     weight_at = [] if weight is None else [weight.data_ptr()]
     itemsize = call.x.dtype.itemsize
-    if fp8 is not None and out is not None:  # FP8 rows: one byte per element, so scaled to T's alignment
-        rows_at.append(out.data_ptr() * itemsize)
-        strides.append(layouts["out"].row_stride)
+    if fp8 is not None and out is not None:  # FP8 rows: a byte per element (FP4: two), so scaled to T's alignment
+        rows_at.append(out.data_ptr() * itemsize * quant.out_ratio)
+        strides.append(layouts["out"].row_stride * quant.out_ratio)
     pack = row_pack(itemsize, rows_at + weight_at, strides)
+    if quant is not None and quant.kind.fp4 and pack != DEFAULT_PACK:
+        raise InputError(f"FP4 output writes whole bytes of codes from 16-byte accesses: x, residual, weight and "
+                         f"the outputs need 16-byte aligned rows (row starts at {[hex(p) for p in rows_at]}, "
+                         f"row strides {strides} elements)")
     plan = _by_pack.get((key, pack, in_place))
     if plan is None:
         q_tensors = () if fp8 is None else (out, fp8["scales"])
@@ -132,15 +136,33 @@ def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offs
     return plan, call.eps, call.offset
 
 
-def check_fp8_aliasing(quant: QuantCall, x: Any, residual: Any, weight: Any, residual_out: Any, out: Any,
-                       scales: Any) -> None:
-    """The FP8 out and the scales it writes (a static scale is read) share no byte with another operand."""
-    from ..errors import InputError
+def quant_tensors(fp8: Optional[dict]) -> dict[str, Any]:
+    """The tensors of a quantized call's arguments, by name, for the device checks (none for a T call)."""
+    return {} if fp8 is None else {"scales": fp8["scales"], "global_scale": fp8["global_scale"]}
 
+
+def quant_pointers(fp8: Optional[dict]) -> tuple[Any, Any]:
+    """(scales, global scale) of a call's quantization arguments, for the per-call checks and the launch."""
+    return (None, None) if fp8 is None else (fp8["scales"], fp8["global_scale"])
+
+
+def check_quant_values(quant: Optional[QuantCall], fp8: Optional[dict]) -> None:
+    """A static FP8 scale and NVFP4's global scale: positive and finite (one device read at a key's first call)."""
+    if quant is not None and quant.kind is Quant.STATIC:
+        check_scale_value(fp8["scales"])
+    if quant is not None and fp8["global_scale"] is not None:
+        check_scale_value(fp8["global_scale"], "global_scale")
+
+
+def check_fp8_aliasing(quant: QuantCall, x: Any, residual: Any, weight: Any, residual_out: Any, out: Any,
+                       fp8: dict) -> None:
+    """The quantized out and the scales it writes (a static scale and NVFP4's global scale are read) share no
+    byte with another operand."""
     static = quant.kind is Quant.STATIC
+    scales = fp8["scales"]
     written = [("out", out)] + ([] if static else [("scales_out", scales)])
     others = [("x", x), ("residual", residual), ("weight", weight), ("residual_out", residual_out)] + \
-        ([("scale", scales)] if static else [])
+        ([("scale", scales)] if static else []) + [("global_scale", fp8["global_scale"])]
     for i, (name, t) in enumerate(written):
         for other_name, other in others + written[i + 1:]:
             if t is not None and other is not None and overlaps(t, other):
@@ -189,25 +211,51 @@ def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps:
     and the bits of add_rmsnorm. out (FP8, x's shape, any row layout), residual_out and scales_out (of the
     shape, dtype and strides the call would allocate) may be given. The other inputs are as add_rmsnorm's.
     """
+    fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
+    return _quantized(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
+
+
+def add_rmsnorm_fp4(x: Any, residual: Optional[Any], weight: Optional[Any], eps: float = 1e-6, *,
+                    fp4_format: str = "nvfp4", global_scale: Optional[Any] = None, scales_swizzled: bool = False,
+                    weight_offset: float = 0.0, out: Optional[Any] = None, residual_out: Optional[Any] = None,
+                    scales_out: Optional[Any] = None) -> tuple[Any, Any, Any]:
+    """(values, residual_out, scales): add_rmsnorm's out quantized to FP4 in the same kernel (docs/design.md
+    section 1b), bit for bit fused_ar.reference.nvfp4_reference / mxfp4_reference of that out.
+
+    values: E2M1 codes two a byte, the first element in the low nibble, uint8 (..., n / 2). fp4_format
+    "nvfp4": per 16 columns an E4M3 scale e4m3(global_scale * amax / 6) and values e2m1(y * (global_scale /
+    scale)); global_scale is one float32 on x's device (positive, finite); scales float8_e4m3fn (..., n / 16),
+    or with scales_swizzled the NVFP4 GEMMs' layout: 1-D, rows padded to 128 and blocks to 4, tiles of
+    128 x 4 (fused_ar.reference.swizzle_nvfp4_scales; the padding is 0 in scales this call allocates; a
+    given scales_out's padding rows are left as they are). "mxfp4" (OCP MX): per 32 columns the UE8M0 byte of
+    2^(floor(log2(amax)) - 2) and values e2m1(y / that), scales uint8 (..., n / 32). n is a multiple of the
+    block; rows are 16-byte aligned. residual_out keeps x's dtype and add_rmsnorm's bits; out, residual_out
+    and scales_out may be given. The other inputs are as add_rmsnorm's.
+    """
+    fp8 = fp4_arguments(fp4_format, global_scale, scales_swizzled, scales_out)
+    return _quantized(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
+
+
+def _quantized(x: Any, residual: Any, weight: Any, eps: Any, weight_offset: Any, out: Any, residual_out: Any,
+               fp8: dict) -> tuple[Any, Any, Any]:
     import torch
 
-    fp8 = fp8_arguments(scale, group_size, fp8_dtype, scales_format, scales_mn_major, scales_out)
     plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
     quant = plan.quant
-    if out is None:
-        out = torch.empty(x.shape, dtype=getattr(torch, quant.fmt.torch_name), device=x.device)
+    out = quant.new_out(tuple(x.shape[:-1]), x.device) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
     scales = quant.new_scales(x.device) if fp8["scales"] is None else fp8["scales"]
-    plan.run(out, residual_out, inputs, eps, weight_offset, scales)
+    plan.run(out, residual_out, inputs, eps, weight_offset, scales, fp8["global_scale"])
     return out, residual_out, scales
 
 
 def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float,
                      weight_offset: float = 0.0, fp8: Optional[dict] = None, scales: Any = None) -> None:
     """The fallback's epilogue: writes into given outputs (the caller validated the call); with `fp8` (the
-    call's fp8_arguments), out in FP8 and its scales into `scales` (the static scale: read)."""
+    call's fp8_arguments or fp4_arguments), out quantized and its scales into `scales` (the static scale:
+    read)."""
     if fp8 is not None:
         fp8 = {**fp8, "scales": scales}
     plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
-    plan.run(out, residual_out, inputs, eps, weight_offset, scales)
+    plan.run(out, residual_out, inputs, eps, weight_offset, *quant_pointers(fp8))
 

@@ -168,9 +168,9 @@ def input_addresses(x: Any, residual: Any, weight: Any) -> tuple[int, int, int]:
 
 
 def quant_key(fp8: dict[str, Any]) -> tuple:
-    """What an FP8 plan depends on beyond rmsnorm_key (`fp8`: the call's fp8_arguments)."""
+    """What a quantized plan depends on beyond rmsnorm_key (`fp8`: the call's fp8_arguments or fp4_arguments)."""
     return (_meta(fp8["scale"]), fp8["group_size"], str(fp8["fp8_dtype"]), _meta(fp8["scales"]), fp8["scales_format"],
-            fp8["scales_mn_major"])
+            fp8["scales_mn_major"], fp8["fp4"], fp8["swizzled"], _meta(fp8["global_scale"]))
 
 
 def fp8_arguments(scale: Any, group_size: Any, fp8_dtype: Any, scales_format: Any, scales_mn_major: Any,
@@ -178,16 +178,25 @@ def fp8_arguments(scale: Any, group_size: Any, fp8_dtype: Any, scales_format: An
     """An FP8 call's arguments as every FP8 op passes them on, with `scales` the tensor the kernel reads or
     writes (the static scale, or the given scales_out)."""
     return {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype, "scales_format": scales_format,
-            "scales_mn_major": scales_mn_major, "scales": scale if scale is not None else scales_out}
+            "scales_mn_major": scales_mn_major, "scales": scale if scale is not None else scales_out, "fp4": None,
+            "swizzled": False, "global_scale": None}
+
+
+def fp4_arguments(fp4_format: Any, global_scale: Any, scales_swizzled: Any, scales_out: Any) -> dict[str, Any]:
+    """An FP4 call's arguments in the form of fp8_arguments (`scales`: the given scales_out)."""
+    return {**fp8_arguments(None, None, None, "fp32", False, scales_out), "fp4": fp4_format,
+            "swizzled": scales_swizzled, "global_scale": global_scale}
 
 
 def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[int, int, int], residual_out: Any,
-                    out: Any, scales: Any) -> bool:
-    """Per call, for FP8 output: out's FP8 rows aligned to `q_align` bytes, and out's and the scales' spans
+                    out: Any, scales: Any, global_scale: Any = None) -> bool:
+    """Per call, for quantized output: out's rows aligned to `q_align` bytes, and out's and the scales' spans
     (q_spans) disjoint from every other operand's (`inputs`: the x, residual, weight addresses, 0 for an
-    absent one; spans in rmsnorm_key's order as the plan recorded them)."""
+    absent one; spans in rmsnorm_key's order as the plan recorded them; NVFP4's global scale, read)."""
     xp, rp, wp = inputs
     others = [(xp, spans[0])]
+    if global_scale is not None:
+        others.append((global_scale.data_ptr(), 4))
     if rp:
         others.append((rp, spans[1]))
     if wp:
@@ -207,13 +216,14 @@ def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[in
 
 
 def call_inputs(plan: Any, x: Any, residual: Any, weight: Any, out: Any, residual_out: Any,
-                scales: Any) -> Optional[tuple[int, int, int]]:
-    """Every per-call pointer check of an add + RMSNorm plan (its spans, align, in_place; for FP8 output its
-    quant, q_spans, q_align): the (x, residual, weight) addresses when all pass, else None."""
+                scales: Any, global_scale: Any = None) -> Optional[tuple[int, int, int]]:
+    """Every per-call pointer check of an add + RMSNorm plan (its spans, align, in_place; for quantized output
+    its quant, q_spans, q_align): the (x, residual, weight) addresses when all pass, else None."""
     if plan.quant is None:
         return rmsnorm_pointers(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
     inputs = rmsnorm_pointers(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out)
-    if inputs is None or not fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, inputs, residual_out, out, scales):
+    if inputs is None or not fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, inputs, residual_out, out, scales,
+                                             global_scale):
         return None
     return inputs
 
@@ -283,7 +293,8 @@ class CallPlan(LaunchPlan):
 
         x = tensors[0]
         self.fallback, self.rows, self.in_place, self.align = fallback, rows, in_place, DEFAULT_PACK
-        self.quant, self.q_align = quant, DEFAULT_PACK // x.element_size()
+        self.quant = quant
+        self.q_align = DEFAULT_PACK // x.element_size() // (1 if quant is None else quant.out_ratio)
         self.q_spans = tuple(span_bytes(t) for t in q_tensors)
         self.spans = tuple(span_bytes(t) for t in tensors)
         self.x_bytes = self.spans[0]

@@ -259,10 +259,13 @@ SCALE_ROWS_ALIGN = 4  # MN-major scales: each column starts 16 bytes (four 32-bi
 
 @dataclass(frozen=True)
 class QuantCall:
-    """How a call quantizes its out: the kind, the FP8 format, the group width (per-group kinds) and the
-    scales' shape, dtype and strides (TOKEN: one per row; per group: one per group of each row, or one int32
-    per four groups; STATIC: the given scale's shape). `row_stride` and `col_stride` are the kernel's steps,
-    in 32-bit words, from a row's scales to the next row's and from one scale word of a row to the next."""
+    """How a call quantizes its out: the kind, the FP8 format, the group width (per-group kinds; the block of
+    FP4 kinds), out's dtype and row length (x's n in FP8, n / 2 bytes in FP4), and the scales' shape, dtype
+    and strides (TOKEN: one per row; per group: one per group of each row, or one int32 per four groups;
+    FP4: a byte per block, or the swizzled tiles; STATIC: the given scale's shape). `row_stride` and
+    `col_stride` are the kernel's steps, in scale elements (`scale_bytes` each), from a row's scales to the
+    next row's and from one scale element of a row to the next; `zeroed`: new scales start as zeros (the
+    swizzled tiles' padding rows, which no row writes)."""
 
     kind: Quant
     fmt: Fp8Format
@@ -272,6 +275,10 @@ class QuantCall:
     scales_dtype: str = "float32"
     row_stride: int = 1
     col_stride: int = 1
+    out_dtype: str = ""
+    out_cols: int = 0
+    scale_bytes: int = 4
+    zeroed: bool = False
 
     def launch_args(self, cols: int) -> tuple[dict[str, int], int]:
         """(the kernel's fixed scale arguments, dynamic shared memory bytes) for rows of `cols` columns."""
@@ -280,12 +287,24 @@ class QuantCall:
         fixed = {"group": self.group, "scales_stride": self.row_stride, "scales_col_stride": self.col_stride}
         return fixed, 4 * (cols // self.group) if self.kind.per_group else 0
 
+    @property
+    def out_ratio(self) -> int:
+        """Elements of x per byte of out, over one (2 for FP4): scales out's addresses to x's alignment."""
+        return 2 if self.kind.fp4 else 1
+
+    def new_out(self, lead: tuple, device: Any) -> Any:
+        import torch
+
+        return torch.empty(lead + (self.out_cols,), dtype=getattr(torch, self.out_dtype), device=device)
+
     def new_scales(self, device: Any) -> Any:
         """An output tensor for the scales, laid out as the kernel writes them."""
         import torch
 
-        return torch.empty_strided(self.scales_shape, self.scales_strides, dtype=getattr(torch, self.scales_dtype),
-                                   device=device)
+        dtype = getattr(torch, self.scales_dtype)
+        if self.zeroed:  # the swizzled tiles: contiguous
+            return torch.zeros(self.scales_shape, dtype=dtype, device=device)
+        return torch.empty_strided(self.scales_shape, self.scales_strides, dtype=dtype, device=device)
 
 
 def fp8_format(fp8_dtype: Any, native: Fp8Format) -> Fp8Format:
@@ -308,19 +327,21 @@ def _contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
-def _group_scales(kind: Quant, fmt: Fp8Format, group: int, lead: tuple, groups: int, mn_major: bool) -> QuantCall:
+def _group_scales(kind: Quant, fmt: Fp8Format, group: int, lead: tuple, groups: int, mn_major: bool,
+                  cols: int) -> QuantCall:
     """The per-group QuantCall: `groups` scales of each row, as fp32 or packed four to an int32 word, row-major
     or MN-major (each word column holds every row's word, the columns SCALE_ROWS_ALIGN words aligned)."""
     words = -(-groups // 4) if kind is Quant.GROUP_UE8M0 else groups
     dtype = "int32" if kind is Quant.GROUP_UE8M0 else "float32"
     shape = lead + (words,)
     if not mn_major:
-        return QuantCall(kind, fmt, group, shape, _contiguous_strides(shape), dtype, words, 1)
+        return QuantCall(kind, fmt, group, shape, _contiguous_strides(shape), dtype, words, 1, fmt.torch_name, cols)
     rows = 1
     for n in lead:
         rows = rows * n
     column = -(-rows // SCALE_ROWS_ALIGN) * SCALE_ROWS_ALIGN
-    return QuantCall(kind, fmt, group, shape, _contiguous_strides(lead) + (column,), dtype, 1, column)
+    return QuantCall(kind, fmt, group, shape, _contiguous_strides(lead) + (column,), dtype, 1, column, fmt.torch_name,
+                     cols)
 
 
 def check_quant(x: Any, cols: int, dtype: DType, scale: Any, group_size: Any, fp8_dtype: Any,
@@ -341,45 +362,96 @@ def check_quant(x: Any, cols: int, dtype: DType, scale: Any, group_size: Any, fp
         _tensor("scale", scale)
         if scale.dtype != _torch_dtype("float32") or scale.numel() != 1:
             raise InputError(f"scale has dtype {scale.dtype} and {scale.numel()} elements: it must be one float32")
-        return QuantCall(Quant.STATIC, fmt, 0, tuple(scale.shape), tuple(scale.stride()))
+        return QuantCall(Quant.STATIC, fmt, 0, tuple(scale.shape), tuple(scale.stride()), out_dtype=fmt.torch_name,
+                         out_cols=cols)
     if group_size is None:
         shape = lead + (1,)
-        return QuantCall(Quant.TOKEN, fmt, 0, shape, _contiguous_strides(shape))
+        return QuantCall(Quant.TOKEN, fmt, 0, shape, _contiguous_strides(shape), out_dtype=fmt.torch_name, out_cols=cols)
     per_pack = DEFAULT_PACK // dtype.itemsize
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or cols % group_size \
             or group_size % per_pack:
         raise InputError(f"group_size={group_size!r}: it must divide n={cols} into groups of whole "
                          f"{DEFAULT_PACK}-byte packs (a multiple of {per_pack} for {dtype.value})")
-    return _group_scales(SCALES_FORMATS[scales_format], fmt, group_size, lead, cols // group_size, scales_mn_major)
+    return _group_scales(SCALES_FORMATS[scales_format], fmt, group_size, lead, cols // group_size, scales_mn_major, cols)
 
 
 def check_fp8_call(x: Any, call: RmsnormCall, fp8: dict[str, Any], native: Fp8Format, out: Any) -> tuple[QuantCall, Optional[RowsShape]]:
-    """The FP8 rules of a call (its fp8_arguments): how it quantizes, and out's layout when given."""
-    quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], native,
-                        fp8["scales_format"], fp8["scales_mn_major"])
+    """The quantization rules of a call (its fp8_arguments or fp4_arguments): how it quantizes, and out's
+    layout when given."""
+    if fp8["fp4"] is not None:
+        quant = check_fp4(x, call.x.cols, fp8["fp4"], fp8["swizzled"], fp8["global_scale"])
+    else:
+        quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], native,
+                            fp8["scales_format"], fp8["scales_mn_major"])
     return quant, check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
 
 
-def check_scale_value(scale: Any) -> None:
-    """A static scale's value: positive and finite (one device read; the first call of a shape makes it)."""
+FP4_FORMATS = ("nvfp4", "mxfp4")
+
+
+def check_fp4(x: Any, cols: int, fp4_format: Any, swizzled: Any, global_scale: Any) -> QuantCall:
+    """FP4 output: E2M1 values two a byte (..., n / 2); NVFP4 takes a global scale (one float32 on x's device)
+    and returns E4M3 block scales per 16 columns, row-major (..., n / 16) or swizzled (1-D, the 128 x 4 tiles);
+    MXFP4 UE8M0 bytes per 32 columns (..., n / 32). n must be a multiple of the block."""
+    if not isinstance(fp4_format, str) or fp4_format not in FP4_FORMATS:
+        raise InputError(f"fp4_format={fp4_format!r}: it must be one of {', '.join(map(repr, FP4_FORMATS))}")
+    if not isinstance(swizzled, bool):
+        raise InputError(f"scales_swizzled={swizzled!r}: it must be True or False")
+    kind = Quant.MXFP4 if fp4_format == "mxfp4" else (Quant.NVFP4_SWIZZLED if swizzled else Quant.NVFP4)
+    if kind is Quant.MXFP4:
+        if swizzled:
+            raise InputError("scales_swizzled=True: the swizzled tiles are NVFP4's layout; MXFP4 scales are row-major")
+        if global_scale is not None:
+            raise InputError("global_scale was given with fp4_format='mxfp4': MXFP4's scales are powers of two alone")
+    else:
+        if global_scale is None:
+            raise InputError("fp4_format='nvfp4' needs global_scale (one float32 on x's device: the per-tensor scale "
+                             "of the NVFP4 convention, block scale = e4m3(global_scale * amax / 6))")
+        _tensor("global_scale", global_scale)
+        if global_scale.dtype != _torch_dtype("float32") or global_scale.numel() != 1:
+            raise InputError(f"global_scale has dtype {global_scale.dtype} and {global_scale.numel()} elements: it "
+                             "must be one float32")
+    block = kind.fp4_block
+    if cols % block:
+        raise InputError(f"x has n={cols}: {fp4_format} quantizes blocks of {block} columns, so n must be a multiple "
+                         f"of {block}")
+    lead = tuple(x.shape[:-1])
+    blocks = cols // block
+    dtype = "uint8" if kind is Quant.MXFP4 else "float8_e4m3fn"
+    common = dict(out_dtype="uint8", out_cols=cols // 2, scale_bytes=1)
+    if kind is Quant.NVFP4_SWIZZLED:
+        rows = 1
+        for n in lead:
+            rows = rows * n
+        size = -(-rows // 128) * 128 * (-(-blocks // 4) * 4)
+        return QuantCall(kind, Fp8Format.E4M3FN, block, (size,), (1,), dtype, 0, 1, zeroed=True, **common)
+    shape = lead + (blocks,)
+    return QuantCall(kind, Fp8Format.E4M3FN, block, shape, _contiguous_strides(shape), dtype, blocks, 1, **common)
+
+
+def check_scale_value(scale: Any, name: str = "scale") -> None:
+    """A given scale's value (a static FP8 scale, NVFP4's global scale): positive and finite (one device read;
+    the first call of a shape makes it)."""
     value = float(scale.reshape(-1)[0])
     if not math.isfinite(value) or value <= 0:
-        raise InputError(f"scale={value!r}: a static FP8 scale must be positive and finite")
+        what = "a static FP8 scale" if name == "scale" else f"the {name}"
+        raise InputError(f"{name}={value!r}: {what} must be positive and finite")
 
 
 def check_quant_outputs(quant: QuantCall, x: Any, out: Any, scales_out: Any) -> Optional[RowsShape]:
-    """The FP8 out (x's shape, the format's dtype, rows) and the scales (contiguous float32 of quant's
-    shape; none for a static scale). Returns out's layout when given."""
+    """The quantized out (FP8: x's shape in the format's dtype; FP4: uint8 bytes of n / 2; rows) and the
+    scales (quant's shape, dtype and strides; none for a static scale). Returns out's layout when given."""
     layout = None
     if out is not None:
         _tensor("out", out)
-        if str(out.dtype).removeprefix("torch.") != quant.fmt.torch_name or tuple(out.shape) != tuple(x.shape):
+        shape = tuple(x.shape[:-1]) + (quant.out_cols,)
+        if str(out.dtype).removeprefix("torch.") != quant.out_dtype or tuple(out.shape) != shape:
             raise InputError(f"out has dtype {out.dtype} and shape {tuple(out.shape)}: it must be "
-                             f"{quant.fmt.torch_name} of x's shape {tuple(x.shape)}")
+                             f"{quant.out_dtype} of shape {shape}")
         stride = row_stride(out)
         if stride is None:
             raise InputError(f"out with shape {tuple(out.shape)} and strides {out.stride()} is not rows")
-        layout = RowsShape(DType.FP32, x.numel() // x.shape[-1], x.shape[-1], stride)  # dtype: unused here
+        layout = RowsShape(DType.FP32, x.numel() // x.shape[-1], quant.out_cols, stride)  # dtype: unused here
     if scales_out is not None:
         if quant.kind is Quant.STATIC:
             raise InputError("scales_out was given with a static scale: the scale is the call's own")

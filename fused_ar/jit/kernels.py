@@ -80,13 +80,15 @@ FP8_MAX_BLOCK = 512
 
 
 def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
-    """An RMSNorm spec's FP8 outputs (blocks up to FP8_MAX_BLOCK): each kind of scale in both formats, and the
-    power-of-two group scales (fp32 and UE8M0) in E4M3FN, the format of the block-FP8 GEMMs that read them
-    (in E4M3FNUZ they compile on first use)."""
+    """An RMSNorm spec's quantized outputs (blocks up to FP8_MAX_BLOCK): FP8 with each kind of scale in both
+    formats, the power-of-two group scales (fp32 and UE8M0) in E4M3FN, the format of the block-FP8 GEMMs that
+    read them (in E4M3FNUZ they compile on first use), and FP4 (NVFP4 both scale layouts, MXFP4) for 16-byte
+    packs."""
     if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK:
         return []
     return [replace(spec, quant=q, fp8=f) for q in (Quant.STATIC, Quant.TOKEN, Quant.GROUP) for f in Fp8Format] + \
-        [replace(spec, quant=q, fp8=Fp8Format.E4M3FN) for q in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)]
+        [replace(spec, quant=q, fp8=Fp8Format.E4M3FN) for q in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)] + \
+        [replace(spec, quant=q) for q in (Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4) if spec.pack == DEFAULT_PACK]
 
 
 def check_specs(arch: str) -> list[KernelSpec]:
@@ -194,7 +196,7 @@ ADD_RMSNORM = register(KernelDef(
             ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32), ("weight_offset", Arg.F32),
             ("x_stride", Arg.I64), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
             ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
-            ("scales_col_stride", Arg.I64)),
+            ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR), ("scales_row0", Arg.I32)),
     ngpus=(1,),
     warm_blocks=BLOCK_SIZES,
     constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec), "FA_MIN_BLOCKS": add_rmsnorm_min_blocks(spec)},
@@ -294,7 +296,8 @@ _FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("resi
                  ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32),
                  ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
                  ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
-                 ("scales_col_stride", Arg.I64), ("timeout_ns", Arg.I64))
+                 ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR),
+                 ("scales_row0", Arg.I32), ("timeout_ns", Arg.I64))
 _ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
                      ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64))
 

@@ -79,6 +79,8 @@ def render(spec: KernelSpec) -> Source:
         "FA_SCALE_POW2": int(spec.quant in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)),
         "FA_SCALE_UE8M0": int(spec.quant is Quant.GROUP_UE8M0),
         "FA_GROUP_SHARED": int(not spec.short_rows),  # short rows: only groups that fill a run of lanes (kernels.py)
+        "FA_FP4_BLOCK": spec.quant.fp4_block,
+        "FA_SCALE_SWIZZLED": int(spec.quant is Quant.NVFP4_SWIZZLED),
         **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]

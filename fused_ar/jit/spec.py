@@ -63,7 +63,8 @@ class WeightKind(str, Enum):
 class Quant(str, Enum):
     """The output of an RMSNorm op: T, or FP8 with a given scale, a scale per row, or a scale per group:
     fp32 scales, power-of-two scales as fp32 (GROUP_POW2), or those as UE8M0 bytes four to an int32
-    (GROUP_UE8M0)."""
+    (GROUP_UE8M0); or FP4 (E2M1 values two a byte): NVFP4 with its E4M3 block scales row-major or in the
+    GEMMs' swizzled tiles, MXFP4 with its UE8M0 block scales."""
 
     NONE = "none"
     STATIC = "static"
@@ -71,14 +72,28 @@ class Quant(str, Enum):
     GROUP = "group"
     GROUP_POW2 = "group_pow2"
     GROUP_UE8M0 = "group_ue8m0"
+    NVFP4 = "nvfp4"
+    NVFP4_SWIZZLED = "nvfp4_swizzled"
+    MXFP4 = "mxfp4"
 
     @property
     def per_group(self) -> bool:
         return self in (Quant.GROUP, Quant.GROUP_POW2, Quant.GROUP_UE8M0)
 
     @property
+    def fp4(self) -> bool:
+        return self in (Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4)
+
+    @property
+    def fp4_block(self) -> int:
+        """Values per FP4 block scale: 16 (NVFP4), 32 (MXFP4); 0 for the other kinds."""
+        return 32 if self is Quant.MXFP4 else (16 if self.fp4 else 0)
+
+    @property
     def render_id(self) -> str:
-        return "FA_QUANT_GROUP" if self.per_group else f"FA_QUANT_{self.name}"
+        if self.per_group:
+            return "FA_QUANT_GROUP"
+        return "FA_QUANT_NVFP4" if self is Quant.NVFP4_SWIZZLED else f"FA_QUANT_{self.name}"
 
 
 class Fp8Format(str, Enum):
@@ -182,8 +197,8 @@ class KernelSpec:
         object.__setattr__(self, "weight", WeightKind(self.weight))
         object.__setattr__(self, "quant", Quant(self.quant))
         object.__setattr__(self, "fp8", Fp8Format(self.fp8))
-        if self.quant is Quant.NONE:
-            object.__setattr__(self, "fp8", Fp8Format.E4M3FN)  # no FP8 output: one kernel, one key
+        if self.quant is Quant.NONE or self.quant.fp4:
+            object.__setattr__(self, "fp8", Fp8Format.E4M3FN)  # no FP8 output (NVFP4's scales are E4M3FN): one key
         if self.weight is WeightKind.FP32 and self.dtype is DType.FP32:
             object.__setattr__(self, "weight", WeightKind.SAME)  # one kernel, one key
         platform_of_arch(self.arch)
@@ -194,6 +209,8 @@ class KernelSpec:
             raise ValueError(f"{self.op.value} has no weight, residual, in-place or FP8 variants")
         if not all(isinstance(v, bool) for v in (self.residual, self.inplace, self.short_rows)):
             raise ValueError("residual, inplace and short_rows are booleans")
+        if self.quant.fp4 and self.pack != DEFAULT_PACK:
+            raise ValueError(f"FP4 output takes {DEFAULT_PACK}-byte packs (whole bytes of codes), not pack={self.pack}")
         if self.short_rows and self.op is not Op.ADD_RMSNORM:
             raise ValueError(f"short_rows is a variant of add_rmsnorm, not of {self.op.value}")
         if self.ngpus not in SUPPORTED_NGPUS:

@@ -111,3 +111,66 @@ def test_kernels_are_rendered_with_the_scale_format():
         assert f"#define FA_SCALE_POW2 {pow2}\n" in text and f"#define FA_SCALE_UE8M0 {ue8m0}\n" in text
     names = {KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=k).kernel_name for k in Quant}
     assert len(names) == len(Quant)  # one kernel, one name, per kind
+
+
+def test_fp4_layouts():
+    """FP4: values n / 2 bytes a row; NVFP4 E4M3 scales per 16 (row-major, or the swizzled tiles: rows padded to
+    128, blocks to 4, as fused_ar.reference.swizzle_nvfp4_scales lays them out), MXFP4 bytes per 32."""
+    from fused_ar.device.validate import check_fp4
+    from fused_ar.reference import swizzle_nvfp4_scales
+
+    x = torch.empty(130, 2080, dtype=torch.bfloat16)
+    g = torch.ones(1)
+    q = check_fp4(x, 2080, "nvfp4", False, g)
+    assert (q.kind, q.scales_dtype, q.scales_shape, q.out_dtype, q.out_cols, q.row_stride) == \
+        (Quant.NVFP4, "float8_e4m3fn", (130, 130), "uint8", 1040, 130)
+    q = check_fp4(x, 2080, "nvfp4", True, g)
+    ref = swizzle_nvfp4_scales(torch.zeros(130, 130, dtype=torch.float8_e4m3fn))
+    assert (q.kind, q.scales_shape, q.row_stride, q.zeroed) == (Quant.NVFP4_SWIZZLED, tuple(ref.shape), 0, True)
+    assert q.new_scales("cpu").view(torch.uint8).eq(0).all()
+    q = check_fp4(x[:, :2048], 2048, "mxfp4", False, None)
+    assert (q.kind, q.scales_dtype, q.scales_shape, q.group) == (Quant.MXFP4, "uint8", (130, 64), 32)
+    assert KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=Quant.MXFP4, fp8="e4m3fnuz").fp8 is Fp8Format.E4M3FN
+    with pytest.raises(ValueError, match="FP4 output takes 16-byte packs"):
+        KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=Quant.NVFP4, pack=2)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"fp4_format": "e2m1"}, "fp4_format='e2m1'"),
+    ({}, "needs global_scale"),
+    ({"global_scale": torch.ones(2)}, "one float32"),
+    ({"fp4_format": "mxfp4", "global_scale": torch.ones(1)}, "powers of two alone"),
+    ({"fp4_format": "mxfp4", "scales_swizzled": True}, "NVFP4's layout"),
+    ({"global_scale": torch.ones(1), "scales_swizzled": "no"}, "scales_swizzled='no'"),
+])
+def test_bad_fp4_arguments_are_refused(no_plan, kwargs, match):
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match=match):
+        ops.add_rmsnorm_fp4(x, x.clone(), None, **kwargs)
+    with pytest.raises(InputError, match="n=200: nvfp4 quantizes blocks of 16"):
+        ops.add_rmsnorm_fp4(x[:, :200], None, None, global_scale=torch.ones(1))
+
+
+def test_torch_op_fakes_take_keywords_and_left_out_defaults():
+    """torch passes a traced op's arguments as the caller wrote them: keywords, defaults left out."""
+    import fused_ar.torch_ops  # noqa: F401
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    seen = {}
+
+    def backend(gm, example_inputs):
+        FakeTensorProp(gm).propagate(*example_inputs)
+        outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+        seen["vals"] = [(tuple(o.meta["val"].shape), o.meta["val"].dtype) for o in outs]
+        return lambda *args: tuple(torch.zeros(s[0]) for s in seen["vals"])
+
+    def layer(x, residual, norm, g):
+        a = torch.ops.fused_ar.add_rmsnorm_fp4(x, residual, norm, 1e-6, global_scale=g, scales_swizzled=True)
+        b = torch.ops.fused_ar.add_rmsnorm_fp4(x, residual, norm, 1e-6, fp4_format="mxfp4")
+        c = torch.ops.fused_ar.add_rmsnorm_fp8(x, residual, norm, 1e-6, group_size=128, fp8_dtype=torch.float8_e4m3fn)
+        return a[0], a[2], b[2], c[0], c[2]
+
+    torch.compile(layer, fullgraph=True, backend=backend)(torch.randn(6, 2048), torch.randn(6, 2048), torch.ones(2048),
+                                                          torch.ones(1))
+    assert seen["vals"] == [((6, 1024), torch.uint8), ((128 * 128,), torch.float8_e4m3fn), ((6, 64), torch.uint8),
+                            ((6, 2048), torch.float8_e4m3fn), ((6, 16), torch.float32)]

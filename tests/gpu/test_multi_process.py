@@ -3,7 +3,7 @@ process per GPU over NVLink on a multi-GPU machine (NCCL for the fallback) and N
 elsewhere (gloo, no fallback through NCCL there). Every path and dtype on the communicator issue's
 shapes, 200 calls back to back, graphs of three batch sizes, a rank that never calls, ranks that disagree,
 calls over the buffer in chunks (eager and captured), a rank that leaves after the first chunk, the
-sequence-parallel ops, and the FP8 outputs (every scale kind and format).
+sequence-parallel ops, and the quantized outputs (FP8 every scale kind and format, NVFP4, MXFP4).
 The real peer-access probe runs in every group."""
 
 from __future__ import annotations
@@ -176,8 +176,10 @@ def _sequence(comm, rank, world, device):
 
 
 def _quant(comm, rank, world, device):
-    """FP8 outputs of the fused and sequence-parallel ops (static, per row, per group in fp32 and power-of-two
-    scales, packed and MN-major): each rank's q and scales are the reference quantization of its own T out."""
+    """Quantized outputs of the fused and sequence-parallel ops (FP8 static, per row, per group in fp32 and
+    power-of-two scales, packed and MN-major; NVFP4 both scale layouts, MXFP4): each rank's values and scales
+    are the reference quantization of its own T out."""
+    from tests.gpu.test_fp4_gpu import expected as fp4_expected
     from tests.gpu.test_fp8_gpu import _bits, torch_quant
     from tests.gpu.test_ue8m0_gpu import check
 
@@ -199,6 +201,17 @@ def _quant(comm, rank, world, device):
                 torch.cuda.synchronize()
                 comm.check()
                 check(q, scales, out, 128, scales_format, mn_major)
+            for fmt, swizzled in (("nvfp4", True), ("nvfp4", False), ("mxfp4", False)):
+                if fmt == "mxfp4" and n % 32:
+                    continue
+                g = torch.tensor([20.0], device="cuda") if fmt == "nvfp4" else None
+                values, _, scales = comm.allreduce_rmsnorm_fp4(xs[rank], residual, weight, path=path, fp4_format=fmt,
+                                                               global_scale=g, scales_swizzled=swizzled)
+                torch.cuda.synchronize()
+                comm.check()
+                ref_values, ref_scales = fp4_expected(out, fmt, swizzled, g)
+                assert torch.equal(values, ref_values) and torch.equal(scales.view(torch.uint8),
+                                                                       ref_scales.view(torch.uint8)), (fmt, path, m)
         assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
         lo, hi = comm.shard_rows(m)
         q, _, scales = comm.reduce_scatter_rmsnorm_fp8(xs[rank], residual[lo:hi], weight, group_size=128,
