@@ -40,13 +40,13 @@ FA_INLINE fa_u32 fa_mxfp4_scale(float amax, float& scale) {
   return e == 255 ? 255u : (fa_u32)(x + 127);
 }
 
-// A pack's values (already scaled) as E2M1 codes, two a byte, the first in the low nibble.
+// A pack's values as E2M1 codes of v * s (or v / s with `divide`), two a byte, the first in the low nibble.
 template <int N>
-FA_INLINE void fa_store_fp4_pack(fa_u8* row, int pack, const float (&v)[N]) {
+FA_INLINE void fa_store_fp4_pack(fa_u8* row, int pack, const float (&v)[N], float s, bool divide) {
   static_assert(N == 2 || N == 4 || N == 8, "FP4 packs are whole bytes of 1, 2 or 4");
   fa_u32 word = 0;
 #pragma unroll
-  for (int i = 0; i < N; ++i) word |= fa_e2m1(v[i]) << (4 * i);
+  for (int i = 0; i < N; ++i) word |= fa_e2m1(divide ? fa_div(v[i], s) : v[i] * s) << (4 * i);
   if constexpr (N == 8) {
     reinterpret_cast<fa_u32*>(row)[pack] = word;
   } else if constexpr (N == 4) {

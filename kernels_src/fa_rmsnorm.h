@@ -385,15 +385,12 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
     const fa_u32 code = fa_nvfp4_scale(global_scale, amax);
     const float s = fa_e4m3_value(code);
     const float mul = s == 0.0f ? 0.0f : fa_div(global_scale, s);  // values = e2m1(y * (global / s))
-#pragma unroll
-    for (int i = 0; i < FA_PACK_ELEMS; ++i) y[i] = y[i] * mul;
+    fa_store_fp4_pack(io.out, p, y, mul, false);
 #else
     float scale;
     const fa_u32 code = fa_mxfp4_scale(amax, scale);  // values = e2m1(y / 2^X)
-#pragma unroll
-    for (int i = 0; i < FA_PACK_ELEMS; ++i) y[i] = fa_div(y[i], scale);
+    fa_store_fp4_pack(io.out, p, y, scale, true);
 #endif
-    fa_store_fp4_pack(io.out, p, y);
     if (p % kPacksPerBlock == 0) fa_store_block_scale(io, p / kPacksPerBlock, blocks, code);
   })
 #else

@@ -75,7 +75,7 @@ def render(spec: KernelSpec) -> Source:
         "FA_INPLACE": int(spec.inplace),
         "FA_QUANT": spec.quant.render_id,
         "FA_FP8_FNUZ": int(spec.fp8 is Fp8Format.E4M3FNUZ),
-        "FA_FP8_HW": int(spec.quant is not Quant.NONE and fp8_in_hardware(spec.arch, spec.fp8)),
+        "FA_FP8_HW": int(spec.quant.converts_e4m3 and fp8_in_hardware(spec.arch, spec.fp8)),
         "FA_SCALE_POW2": int(spec.quant in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)),
         "FA_SCALE_UE8M0": int(spec.quant is Quant.GROUP_UE8M0),
         "FA_GROUP_SHARED": int(not spec.short_rows),  # short rows: only groups that fill a run of lanes (kernels.py)

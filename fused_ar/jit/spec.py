@@ -85,6 +85,11 @@ class Quant(str, Enum):
         return self in (Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4)
 
     @property
+    def converts_e4m3(self) -> bool:
+        """Whether the kernel converts to E4M3: FP8 values, or NVFP4's block scales (MXFP4's are exponents)."""
+        return self not in (Quant.NONE, Quant.MXFP4)
+
+    @property
     def fp4_block(self) -> int:
         """Values per FP4 block scale: 16 (NVFP4), 32 (MXFP4); 0 for the other kinds."""
         return 32 if self is Quant.MXFP4 else (16 if self.fp4 else 0)

@@ -54,7 +54,7 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory traffic (spills or a stack array)"
     if "rmsnorm" in spec.op.value:
         assert "SHFL.BFLY" in sass  # the shared wave reduction
-    if spec.quant.value != "none" and spec.fp8.value == "e4m3fn":
+    if spec.quant.converts_e4m3 and spec.fp8.value == "e4m3fn":
         assert "F2FP.SATFINITE.E4M3" in sass, "the E4M3FN conversion is not cvt.rn.satfinite"
     _waits_before_memory(sass)
 

@@ -117,11 +117,10 @@ def problems(text: str, spec: KernelSpec, arch: str) -> list[str]:
                 found.append(f"no system-scope acquire ({acquire}) at the flags")
         if "s_memrealtime" not in text:
             found.append("bounded waits do not read s_memrealtime")
-    if spec.quant is not Quant.NONE:
-        if fp8_in_hardware(target, spec.fp8) and "v_cvt_pk_fp8_f32" not in text:
-            found.append(f"the {spec.fp8.value} conversion does not use v_cvt_pk_fp8_f32")
-        if "v_div_fixup_f32" not in text:
-            found.append("1 / scale is not an IEEE division (no v_div_fixup_f32)")
+    if spec.quant.converts_e4m3 and fp8_in_hardware(target, spec.fp8) and "v_cvt_pk_fp8_f32" not in text:
+        found.append(f"the {spec.fp8.value} conversion does not use v_cvt_pk_fp8_f32")
+    if spec.quant is not Quant.NONE and "v_div_fixup_f32" not in text:
+        found.append("the scales' divisions are not IEEE (no v_div_fixup_f32)")
     return found
 
 
