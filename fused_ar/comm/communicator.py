@@ -479,7 +479,8 @@ class Communicator(SequenceParallel):
                 spec = self._fused_spec(call, chosen, in_place, quant)
                 fixed = {"rank": self.rank, "rows": rows, "cols": cols, "timeout_ns": self._timeout_ns,
                          "residual_stride": call.residual_stride or 0,
-                         "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else cols,
+                         "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else
+                         (quant.out_cols if quant else cols),
                          "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
                 scale_args, shared_mem = ({}, 0) if quant is None else quant.launch_args(cols)
                 fixed.update(scale_args)

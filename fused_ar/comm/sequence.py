@@ -181,7 +181,8 @@ class SequenceParallel:
                             self.world_size, **variant)
             fixed = {"rank": self.rank, "cols": cols, "timeout_ns": self._timeout_ns, "all_rows": m,
                      "residual_stride": call.residual_stride or 0,
-                     "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else cols,
+                     "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else
+                         (quant.out_cols if quant else cols),
                      "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
             scale_args, shared_mem = ({}, 0) if quant is None else quant.launch_args(cols)
             fixed.update(scale_args)

@@ -46,7 +46,7 @@ class AddRmsnormPlan(LaunchPlan):
         spec = spec_for(Op.ADD_RMSNORM, dtype, device, block, pack=pack, weight=call.weight,
                         residual=call.residual_stride is not None, inplace=in_place, **variant)
         fixed = {"rows": rows, "cols": cols, "x_stride": call.x.row_stride, "residual_stride": call.residual_stride or 0,
-                 "out_stride": layouts["out"].row_stride if "out" in layouts else cols,
+                 "out_stride": layouts["out"].row_stride if "out" in layouts else (quant.out_cols if quant else cols),
                  "residual_out_stride": layouts["residual_out"].row_stride if "residual_out" in layouts else cols}
         scale_args, shared_mem = ({}, 0) if quant is None else quant.launch_args(cols)
         super().__init__(spec, device, min(rows, MAX_GRID_BLOCKS), {**fixed, **scale_args}, shared_mem=shared_mem)
