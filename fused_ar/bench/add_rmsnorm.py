@@ -187,7 +187,7 @@ def _ours(torch: Any, fp8: Optional[tuple]) -> list[Peer]:
     from .. import env
     from ..backends import current_runtime
     from ..device.launch import arch_of
-    from ..device.ops import add_rmsnorm, add_rmsnorm_fp8
+    from ..device.ops import add_rmsnorm, add_rmsnorm_fp4, add_rmsnorm_fp8
 
     if fp8 is None:
         def run(x: Any, r: Any, w: Any, eps: float) -> tuple:
@@ -197,15 +197,19 @@ def _ours(torch: Any, fp8: Optional[tuple]) -> list[Peer]:
         made: dict = {}
 
         def run(x: Any, r: Any, w: Any, eps: float) -> tuple:
-            if x.shape not in made:  # outputs made once, as a server's graphs have them
-                q = torch.empty(x.shape, dtype=dtype, device=x.device)
-                scales = None if mode == "static" else torch.empty(
-                    (x.shape[0], 1 if mode == "token" else x.shape[1] // group), dtype=torch.float32, device=x.device)
-                made[x.shape] = q, scales
-            q, scales = made[x.shape]
-            return add_rmsnorm_fp8(x, r, w, eps, scale=scale if mode == "static" else None,
-                                   group_size=group if mode == "group" else None, fp8_dtype=dtype, out=q,
-                                   residual_out=r, scales_out=scales)
+            if mode in ("nvfp4", "mxfp4"):
+                kind = {"fp4_format": mode, "global_scale": scale if mode == "nvfp4" else None}
+                if x.shape not in made:  # outputs made once, as a server's graphs have them
+                    made[x.shape] = add_rmsnorm_fp4(x.clone(), r.clone(), w, eps, **kind)
+                q, _, scales = made[x.shape]
+                return add_rmsnorm_fp4(x, r, w, eps, out=q, residual_out=r, scales_out=scales, **kind)
+            kind = {"scale": scale if mode == "static" else None, "group_size": group, "fp8_dtype": dtype,
+                    "scales_format": "ue8m0_packed" if mode == "group_ue8m0" else "fp32"}
+            if x.shape not in made:
+                made[x.shape] = add_rmsnorm_fp8(x.clone(), r.clone(), w, eps, **kind)
+            q, _, scales = made[x.shape]
+            return add_rmsnorm_fp8(x, r, w, eps, out=q, residual_out=r, scales_out=None if mode == "static" else scales,
+                                   **kind)
     ours = [Peer(OURS, lambda: run)]
     if current_runtime().supports_pdl(arch_of(torch.cuda.current_device())):
         def no_pdl(x: Any, r: Any, w: Any, eps: float) -> tuple:
@@ -244,10 +248,7 @@ def _peer_rows(torch: Any, m: int, n: int, dtype: Any, eps: float, entries: list
             if fp8 is None:
                 row["max_err"] = (got[0].double() - ref).abs().max().item()
             else:
-                q, _, scales = got
-                s = scales.reshape(()) if scales.numel() == 1 else scales.double().repeat_interleave(
-                    n // scales.shape[-1], dim=-1)
-                row["max_err"] = (q.double() * s - ref).abs().max().item()
+                row["max_err"] = (dequantize(torch, got[0], got[2], fp8) - ref).abs().max().item()
             xt, rt = x0.clone(), r0.clone()
             calls[peer.name] = lambda run=run, xt=xt, rt=rt: run(xt, rt, w, eps)
         except Exception as e:  # a peer's failure is its row's, not the run's
@@ -257,6 +258,24 @@ def _peer_rows(torch: Any, m: int, n: int, dtype: Any, eps: float, entries: list
     for name, t in times.items():
         rows[name].update(us=t, TBps=nbytes / (t * 1e-6) / 1e12, vs_ours=t / ours if ours else None)
     return list(rows.values())
+
+
+def dequantize(torch: Any, q: Any, scales: Any, fp8: tuple) -> Any:
+    """q times its scales, float64, for the max error of a quantized output (`fp8`: the mode's tuple)."""
+    from ..reference import e2m1_values, unpack_fp4
+
+    mode, group, scale = fp8[:3]
+    n = q.shape[-1] * (2 if mode in ("nvfp4", "mxfp4") else 1)
+    if mode in ("group_ue8m0", "mxfp4"):  # exponent bytes (packed four to an int32 for UE8M0)
+        exps = scales.contiguous().view(torch.uint8)[..., :n // group].double()
+        s = torch.pow(2.0, exps - 127)
+    elif mode == "nvfp4":
+        s = scales.double() / scale.double()
+    else:
+        s = scales.double()
+    s = s.reshape(()) if s.numel() == 1 else s.repeat_interleave(n // s.shape[-1], dim=-1)
+    values = e2m1_values(unpack_fp4(q)).double() if mode in ("nvfp4", "mxfp4") else q.double()
+    return values * s
 
 
 def _peer_table(rows: list[dict[str, Any]], copy_bw: float, floors: dict) -> list[str]:
@@ -274,6 +293,24 @@ def _peer_table(rows: list[dict[str, Any]], copy_bw: float, floors: dict) -> lis
 
 
 FP8_MODES = (("static", None), ("token", None), ("group", 128))
+# With --fp8 also: power-of-two group scales packed as UE8M0, NVFP4 and MXFP4 (ours against torch's unfused
+# pipeline: FlashInfer's FP4 quantization lives in another module than its norm).
+LOW_BIT_MODES = (("group_ue8m0", 128), ("nvfp4", 16), ("mxfp4", 32))
+MODE_TITLES = {"static": "FP8 output (float8_e4m3fn), static scales", "token": "FP8 output (float8_e4m3fn), token scales",
+               "group": "FP8 output (float8_e4m3fn), group scales",
+               "group_ue8m0": "FP8 output, per-128 power-of-two scales packed as UE8M0 bytes (int32)",
+               "nvfp4": "NVFP4 output (E2M1 two a byte, E4M3 scales per 16, row-major; global scale 20)",
+               "mxfp4": "MXFP4 output (E2M1 two a byte, UE8M0 scales per 32)"}
+
+
+def _out_bytes(mode: str, m: int, n: int, group: Optional[int]) -> int:
+    """Bytes a quantized call writes beyond residual_out: the values and the scales."""
+    if mode in ("nvfp4", "mxfp4"):
+        return m * n // 2 + m * n // group
+    scales = {"static": 0, "token": 4 * m}.get(mode, 4 * m * (n // group))
+    if mode == "group_ue8m0":
+        scales = 4 * m * -(-(n // group) // 4)
+    return m * n + scales
 
 
 def bench_add_rmsnorm(args: argparse.Namespace) -> int:
@@ -303,14 +340,13 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
             print(f"m={m:6d} n={n:5d} " + "  ".join(f"{r['impl']} {r['us']:.2f}" for r in got if "us" in r), flush=True)
     if args.fp8:
         fmt, big = torch.float8_e4m3fn, 448.0
-        scale = torch.tensor([0.05], device="cuda")
-        for mode, group in FP8_MODES:
+        for mode, group in FP8_MODES + LOW_BIT_MODES:
+            scale = torch.tensor([20.0 if mode == "nvfp4" else 0.05], device="cuda")
             fp8 = (mode, group, scale, fmt, big)
             entries = _ours(torch, fp8) + fp8_peers(torch, mode, group, scale, fmt, big)
             for n in (n for n in args.hidden if group is None or n % group == 0):
                 for m in args.m:
-                    scales = 4 * m * (1 if mode == "token" else n // group) if mode != "static" else 0
-                    nbytes = (3 * m * n + n) * size + m * n + scales
+                    nbytes = (3 * m * n + n) * size + _out_bytes(mode, m, n, group)
                     fp8_floors[(mode, m, n)] = nbytes / copy_bw * 1e6
                     got = _peer_rows(torch, m, n, dtype, eps, entries, nbytes, fp8)
                     fp8_rows += [{**r, "mode": mode} for r in got]
@@ -336,9 +372,9 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
              "(render + key + read + verify + load, to a launchable function).",
              "",
              ""] + _peer_table(rows, copy_bw, floors)
-    for mode, _ in FP8_MODES if args.fp8 else ():
-        lines += ["", f"FP8 output (float8_e4m3fn), {mode} scales; max error: of q x its scale against the "
-                  "float64 reference:", ""]
+    for mode, _ in FP8_MODES + LOW_BIT_MODES if args.fp8 else ():
+        lines += ["", f"{MODE_TITLES[mode]}; max error: of the values times their scales against the float64 "
+                  "reference:", ""]
         lines += _peer_table([r for r in fp8_rows if r["mode"] == mode], copy_bw,
                              {(m, n): t for (md, m, n), t in fp8_floors.items() if md == mode})
     if sweep:

@@ -78,7 +78,17 @@ def t_peers(torch: Any) -> list[Peer]:
 
 
 def quantize(torch: Any, y: Any, mode: str, big: float, fp8: Any, scale: Any, group: Optional[int]) -> tuple[Any, Any]:
-    """torch's quantization of an RMSNorm output y, as docs/design.md section 1b writes it: (q, scales)."""
+    """torch's quantization of an RMSNorm output y, as docs/design.md section 1b writes it: (q, scales); the
+    UE8M0, NVFP4 (`scale`: its global scale) and MXFP4 modes through fused_ar.reference."""
+    from .. import reference
+
+    if mode == "group_ue8m0":
+        q, s = reference.fp8_group_ue8m0_reference(y, group, fp8)
+        return q, reference.pack_ue8m0(s)
+    if mode == "nvfp4":
+        return reference.nvfp4_reference(y, scale)
+    if mode == "mxfp4":
+        return reference.mxfp4_reference(y)
     y = y.float()
     if mode == "static":
         s = s_full = scale.reshape(())
@@ -93,7 +103,8 @@ def quantize(torch: Any, y: Any, mode: str, big: float, fp8: Any, scale: Any, gr
 
 
 def fp8_peers(torch: Any, mode: str, group: Optional[int], scale: Any, fp8: Any, big: float) -> list[Peer]:
-    """The peers of add + RMSNorm + FP8 with `mode`'s scales (static: `scale`; group: `group` columns)."""
+    """The peers of add + RMSNorm + FP8 with `mode`'s scales (static: `scale`; group: `group` columns), or of
+    the UE8M0 / FP4 modes (FlashInfer's FP4 quantization is another module than the norm's: not timed)."""
     peers = []
     fi, why = _module("flashinfer.norm")
     if mode == "static":
