@@ -307,9 +307,10 @@ def _out_bytes(mode: str, m: int, n: int, group: Optional[int]) -> int:
     """Bytes a quantized call writes beyond residual_out: the values and the scales."""
     if mode in ("nvfp4", "mxfp4"):
         return m * n // 2 + m * n // group
-    scales = {"static": 0, "token": 4 * m}.get(mode, 4 * m * (n // group))
-    if mode == "group_ue8m0":
-        scales = 4 * m * -(-(n // group) // 4)
+    if mode in ("static", "token"):
+        scales = 0 if mode == "static" else 4 * m
+    else:
+        scales = 4 * m * (-(-(n // group) // 4) if mode == "group_ue8m0" else n // group)
     return m * n + scales
 
 
