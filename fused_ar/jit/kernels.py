@@ -106,9 +106,12 @@ def check_specs(arch: str) -> list[KernelSpec]:
                 continue
             if key not in widest or spec.block > widest[key].block:
                 widest[key] = spec
+    # The power-of-two and FP4 kinds differ from the per-group kind only in the row's epilogue: each short-row
+    # kernel compiles them once, its variants (weights, residual, in place) with the FP8 kinds alone.
     return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))] + \
         [v for spec in short for v in variant_specs(spec)] + \
-        [v for spec in short for base in [spec] + variant_specs(spec) for v in fp8_specs(base)]
+        [v for spec in short for base in [spec] + variant_specs(spec) for v in fp8_specs(base)
+         if base is spec or v.quant in (Quant.STATIC, Quant.TOKEN, Quant.GROUP)]
 
 
 def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
