@@ -336,9 +336,7 @@ def _group_scales(kind: Quant, fmt: Fp8Format, group: int, lead: tuple, groups: 
     shape = lead + (words,)
     if not mn_major:
         return QuantCall(kind, fmt, group, shape, _contiguous_strides(shape), dtype, words, 1, fmt.torch_name, cols)
-    rows = 1
-    for n in lead:
-        rows = rows * n
+    rows = _contiguous_strides((1,) + lead)[0]  # the product of lead (symbolic sizes stay symbolic)
     column = -(-rows // SCALE_ROWS_ALIGN) * SCALE_ROWS_ALIGN
     return QuantCall(kind, fmt, group, shape, _contiguous_strides(lead) + (column,), dtype, 1, column, fmt.torch_name,
                      cols)
@@ -420,9 +418,7 @@ def check_fp4(x: Any, cols: int, fp4_format: Any, swizzled: Any, global_scale: A
     dtype = "uint8" if kind is Quant.MXFP4 else "float8_e4m3fn"
     common = dict(out_dtype="uint8", out_cols=cols // 2, scale_bytes=1)
     if kind is Quant.NVFP4_SWIZZLED:
-        rows = 1
-        for n in lead:
-            rows = rows * n
+        rows = _contiguous_strides((1,) + lead)[0]
         size = -(-rows // 128) * 128 * (-(-blocks // 4) * 4)
         return QuantCall(kind, Fp8Format.E4M3FN, block, (size,), (1,), dtype, 0, 1, zeroed=True, **common)
     shape = lead + (blocks,)

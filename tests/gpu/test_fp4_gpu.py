@@ -14,6 +14,7 @@ from fused_ar import InputError
 from fused_ar.comm.communicator import Communicator
 from fused_ar.reference import mxfp4_reference, nvfp4_reference, prime_allocator, swizzle_nvfp4_scales
 from tests.gpu.test_communicator_gpu import emulated_group, run_ranks
+from tests.gpu.test_ue8m0_gpu import edge_rows
 
 pytestmark = pytest.mark.gpu
 KINDS = [("nvfp4", False), ("nvfp4", True), ("mxfp4", False)]
@@ -75,18 +76,7 @@ def test_add_rmsnorm_fp4_matches_reference(fmt, swizzled, dtype, m, n):
 def test_edge_rows(fmt):
     """All-zero rows and blocks (scale 0: NVFP4 code 0, MXFP4 2^-127), one huge value (saturation, small values
     of its block to 0), tiny values, an inf in x and a NaN (their blocks' scale is NaN)."""
-    n = 1024
-    x = torch.randn(8, n, device="cuda", dtype=torch.bfloat16)
-    x[0] = 0
-    x[1, :64] = 0
-    x[2, 5] = 3e4
-    x[3] = torch.linspace(-1e-30, 1e-30, n)
-    x[4, 77] = float("inf")
-    x[5, 300] = float("nan")
-    x[6] = torch.linspace(-1e4, 1e4, n)
-    residual = torch.zeros_like(x)
-    weight = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-    out, _ = fused_ar.add_rmsnorm(x, residual, weight, 1e-6)
+    x, residual, weight, out = edge_rows(64)
     for g in ([1.0, 1e4, 1e30] if fmt == "nvfp4" else [None]):  # 1e30: every block scale saturates at 448
         gt = None if g is None else torch.tensor([g], device="cuda")
         values, _, scales = fused_ar.add_rmsnorm_fp4(x, residual, weight, 1e-6, fp4_format=fmt, global_scale=gt)

@@ -102,13 +102,12 @@ def test_group_widths_on_both_amax_paths(scales_format, group, n, pack):
     check(q, scales, out, group, scales_format, False)
 
 
-def test_edge_rows():
-    """All-zero rows and groups (the minimum scale, 2^-17 after rounding up), one huge value in a group, tiny
-    values, an inf in x and a NaN (NaN codes where out is NaN, the scale of their groups NaN, byte 255)."""
-    n = 1024
+def edge_rows(zero_cols: int, n: int = 1024):
+    """(x, residual, weight, out) of 8 rows: all zeros, `zero_cols` leading zeros, one huge value, tiny values,
+    an inf (out NaN there, 0 elsewhere: inv_rms is 0), a NaN (out NaN throughout), a wide ramp, random."""
     x = torch.randn(8, n, device="cuda", dtype=torch.bfloat16)
     x[0] = 0
-    x[1, :128] = 0
+    x[1, :zero_cols] = 0
     x[2, 5] = 3e4
     x[3] = torch.linspace(-1e-30, 1e-30, n)
     x[4, 77] = float("inf")
@@ -116,7 +115,13 @@ def test_edge_rows():
     x[6] = torch.linspace(-1e4, 1e4, n)
     residual = torch.zeros_like(x)
     weight = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-    out, _ = fused_ar.add_rmsnorm(x, residual, weight, 1e-6)
+    return x, residual, weight, fused_ar.add_rmsnorm(x, residual, weight, 1e-6)[0]
+
+
+def test_edge_rows():
+    """All-zero rows and groups (the minimum scale, 2^-17 after rounding up), one huge value in a group, tiny
+    values, an inf in x and a NaN (NaN codes where out is NaN, the scale of their groups NaN, byte 255)."""
+    x, residual, weight, out = edge_rows(128)
     for scales_format in FORMATS:
         for mn_major in (False, True):
             q, _, scales = fused_ar.add_rmsnorm_fp8(x, residual, weight, 1e-6, group_size=128,
