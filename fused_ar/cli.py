@@ -602,12 +602,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Time fused_ar against its baselines on the GPUs here, each result checked "
                                    "first, by the field's method (CUDA-graph replays, minimum per rank, maximum "
                                    "across ranks): the all-reduce suite (one process per GPU, or N ranks emulated "
-                                   "on one), the local add_rmsnorm, the host cost of eager calls, or FP8 output.")
+                                   "on one), the local add_rmsnorm, the host cost of eager calls, or quantized output.")
     p.add_argument("what", nargs="?", choices=["allreduce_rmsnorm", "add_rmsnorm", "host", "fp8", "startup"],
                    default="allreduce_rmsnorm",
                    help="which suite (host: CPU us per eager call, at the first --m (default 8), --hidden "
-                        "(default 8192), --tp and --dtype; fp8: the fused FP8 output against torch's quantization "
-                        "after ours, at --tp, --m (default 1,16,128,1024), --hidden (default 4096,8192); startup: "
+                        "(default 8192), --tp and --dtype; fp8: the fused FP8, UE8M0, NVFP4 and MXFP4 outputs against "
+                        "torch's quantization after ours and the bf16 output, at --tp, --m (default 1,16,128,1024), --hidden (default 4096,8192); startup: "
                         "first calls in fresh processes against torch's, --replays processes each (at most 9))")
     p.add_argument("--tp", type=_type("tp", _list(_one_of(CROSS_GPU_NGPUS))), default=[2, 4, 8], help="group sizes")
     p.add_argument("--m", type=_type("m", _sizes), default=None,

@@ -121,7 +121,8 @@ FA_INLINE T fa_block_reduce_sum(T v) {
 }
 
 // The max over each aligned run of `lanes` consecutive lanes (a power of two up to the wave size, the same
-// in every lane of the wave), returned to every lane of the run; only the run's own lanes need be active.
+// in every lane of the wave), returned to every lane of the run. Every lane of the wave calls it together
+// (NVIDIA's shuffle names the whole warp, so the compiler adds no convergence checks).
 // Max is exact whatever the order, so each lane may combine in its own order. AMD: after the pair and quad
 // steps every lane holds its quad's max, so the half-row mirror (lane i takes 7 - i) completes runs of 8
 // and the row mirror (15 - i) runs of 16; runs of 32 and 64 combine the rows' maxima read with readlane
@@ -143,8 +144,7 @@ FA_INLINE float fa_lanes_max(float v, int lanes) {
   }
   return v;
 #else
-  const unsigned run = lanes >= 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (fa_lane() & ~(lanes - 1));
-  for (int offset = 1; offset < lanes; offset <<= 1) v = fa_max_op::apply(v, __shfl_xor_sync(run, v, offset));
+  for (int offset = 1; offset < lanes; offset <<= 1) v = fa_max_op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 #endif
 }

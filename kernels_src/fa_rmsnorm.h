@@ -256,6 +256,13 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   fa_pack_t vs[FA_REG_PACKS];
   fa_pack_t rs[FA_REG_PACKS];
   fa_wpack_t ws[FA_REG_PACKS];
+  // A given scale is read with the row, not where it is used: a load after the block reduction would stall
+  // every thread for a memory latency (the whole kernel's time at decode sizes).
+#if FA_QUANT == FA_QUANT_STATIC
+  const float static_scale = io.scales[0];
+#elif FA_QUANT == FA_QUANT_NVFP4
+  const float global_scale = io.global_scale[0];
+#endif
 #pragma unroll
   for (int k = 0; k < FA_REG_PACKS; ++k) {
     const int p = tid + k * FA_BLOCK;
@@ -335,6 +342,24 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
     fa_normalized(fa_load_pack(io.residual_out, p), fa_load_wpack(io.weight, p), inv_rms, offset, y);      \
     BODY                                                                                                   \
   }
+  // FA_EACH_Y_CONVERGED(BODY): the same packs, but every thread of the block runs BODY equally often (packs
+  // past the row's end with `valid` false and y zero), so a lane shuffle in BODY runs on whole waves: without
+  // a run mask, which made the compiler check convergence (MATCH, REDUX and a divergent branch) every time.
+#define FA_EACH_Y_CONVERGED(BODY)                                                                           \
+  _Pragma("unroll") for (int k = 0; k < FA_REG_PACKS; ++k) {                                               \
+    const int p = tid + k * FA_BLOCK;                                                                      \
+    const bool valid = p < packs;                                                                          \
+    float y[FA_PACK_ELEMS] = {};                                                                           \
+    if (valid) fa_normalized(rs[k], ws[k], inv_rms, offset, y);                                            \
+    BODY                                                                                                   \
+  }                                                                                                        \
+  for (int first = FA_REG_PACKS * FA_BLOCK; first < packs; first += FA_BLOCK) {                            \
+    const int p = first + tid;                                                                             \
+    const bool valid = p < packs;                                                                          \
+    float y[FA_PACK_ELEMS] = {};                                                                           \
+    if (valid) fa_normalized(fa_load_pack(io.residual_out, p), fa_load_wpack(io.weight, p), inv_rms, offset, y); \
+    BODY                                                                                                   \
+  }
   const int tail_col = packs * FA_PACK_ELEMS + tid;
 #if FA_QUANT == FA_QUANT_GROUP
   const int packs_per_group = io.group / FA_PACK_ELEMS;
@@ -348,10 +373,12 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
     // a runtime value would cost registers the short-row kernels do not have).
     int shift = 0;
     while ((1 << shift) < packs_per_group) ++shift;
-    FA_EACH_Y({
+    FA_EACH_Y_CONVERGED({
       const float scale = fa_group_scale(fa_lanes_max(fa_abs_max(y), packs_per_group));
-      if ((p & (packs_per_group - 1)) == 0) fa_store_group_scale(io, p >> shift, groups, scale);
-      fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, scale));
+      if (valid) {
+        if ((p & (packs_per_group - 1)) == 0) fa_store_group_scale(io, p >> shift, groups, scale);
+        fa_store_fp8_pack(io.out, p, y, fa_div(1.0f, scale));
+      }
     })
   } else {
     extern __shared__ fa_u32 fa_group_amax[];  // one word per group of the row: the launch sizes it
@@ -376,20 +403,18 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
                 (kPacksPerBlock & (kPacksPerBlock - 1)) == 0, "an FP4 block is a power-of-two run of lanes");
   const int blocks = cols / FA_FP4_BLOCK;
   (void)tail_col;  // blocks are whole packs: no tail
-#if FA_QUANT == FA_QUANT_NVFP4
-  const float global_scale = io.global_scale[0];
-#endif
-  FA_EACH_Y({
+  FA_EACH_Y_CONVERGED({
     const float amax = fa_lanes_max(fa_abs_max(y), kPacksPerBlock);
+    if (!valid) continue;
 #if FA_QUANT == FA_QUANT_NVFP4
     const fa_u32 code = fa_nvfp4_scale(global_scale, amax);
     const float s = fa_e4m3_value(code);
     const float mul = s == 0.0f ? 0.0f : fa_div(global_scale, s);  // values = e2m1(y * (global / s))
-    fa_store_fp4_pack(io.out, p, y, mul, false);
+    fa_store_fp4_pack(io.out, p, y, mul);
 #else
-    float scale;
-    const fa_u32 code = fa_mxfp4_scale(amax, scale);  // values = e2m1(y / 2^X)
-    fa_store_fp4_pack(io.out, p, y, scale, true);
+    float inverse;
+    const fa_u32 code = fa_mxfp4_scale(amax, inverse);  // values = e2m1(y / 2^X) = e2m1(y * 2^-X)
+    fa_store_fp4_pack(io.out, p, y, inverse);
 #endif
     if (p % kPacksPerBlock == 0) fa_store_block_scale(io, p / kPacksPerBlock, blocks, code);
   })
@@ -403,7 +428,7 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   const float scale = fa_fp8_scale(fa_block_reduce<FA_BLOCK, fa_max_op>(amax));
   if (tid == 0) io.scales[0] = scale;
 #else
-  const float scale = io.scales[0];  // the static scale
+  const float scale = static_scale;
 #endif
   const float inv = fa_div(1.0f, scale);
   FA_EACH_Y({ fa_store_fp8_pack(io.out, p, y, inv); })
@@ -412,5 +437,6 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   }
 #endif
 #undef FA_EACH_Y
+#undef FA_EACH_Y_CONVERGED
 #endif
 }

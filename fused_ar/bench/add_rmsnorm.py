@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from .peers import Peer, fp8_peers, t_peers
+from .peers import NVFP4_GLOBAL_SCALE, Peer, fp8_peers, t_peers
 from .results import publish
 
 CALLS_PER_GRAPH = 20
@@ -299,7 +299,7 @@ LOW_BIT_MODES = (("group_ue8m0", 128), ("nvfp4", 16), ("mxfp4", 32))
 MODE_TITLES = {"static": "FP8 output (float8_e4m3fn), static scales", "token": "FP8 output (float8_e4m3fn), token scales",
                "group": "FP8 output (float8_e4m3fn), group scales",
                "group_ue8m0": "FP8 output, per-128 power-of-two scales packed as UE8M0 bytes (int32)",
-               "nvfp4": "NVFP4 output (E2M1 two a byte, E4M3 scales per 16, row-major; global scale 20)",
+               "nvfp4": f"NVFP4 output (E2M1 two a byte, E4M3 scales per 16, row-major; global scale {NVFP4_GLOBAL_SCALE:g})",
                "mxfp4": "MXFP4 output (E2M1 two a byte, UE8M0 scales per 32)"}
 
 
@@ -342,7 +342,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     if args.fp8:
         fmt, big = torch.float8_e4m3fn, 448.0
         for mode, group in FP8_MODES + LOW_BIT_MODES:
-            scale = torch.tensor([20.0 if mode == "nvfp4" else 0.05], device="cuda")
+            scale = torch.tensor([NVFP4_GLOBAL_SCALE if mode == "nvfp4" else 0.05], device="cuda")
             fp8 = (mode, group, scale, fmt, big)
             entries = _ours(torch, fp8) + fp8_peers(torch, mode, group, scale, fmt, big)
             for n in (n for n in args.hidden if group is None or n % group == 0):

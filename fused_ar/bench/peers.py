@@ -77,6 +77,10 @@ def t_peers(torch: Any) -> list[Peer]:
     return peers
 
 
+# The benches' NVFP4 global scale: block scales of unit-RMS rows well inside E4M3's normal range.
+NVFP4_GLOBAL_SCALE = 20.0
+
+
 def quantize(torch: Any, y: Any, mode: str, big: float, fp8: Any, scale: Any, group: Optional[int]) -> tuple[Any, Any]:
     """torch's quantization of an RMSNorm output y, as docs/design.md section 1b writes it: (q, scales); the
     UE8M0, NVFP4 (`scale`: its global scale) and MXFP4 modes through fused_ar.reference."""

@@ -234,6 +234,16 @@ def test_an_option_of_another_bench_is_refused(argv, option, what, capsys):
     assert f"{option} with bench {what}: only bench" in capsys.readouterr().err
 
 
+def test_bench_fp8_refuses_more_graph_calls_than_a_communicator_holds(capsys):
+    from fused_ar.cli import main
+    from fused_ar.comm.ipc import GRAPH_TABLES
+
+    assert main(["bench", "fp8", "--graph-calls", str(GRAPH_TABLES // 3 + 1)]) == 2  # before anything needs a GPU
+    err = capsys.readouterr().err
+    assert f"--graph-calls {GRAPH_TABLES // 3 + 1}: bench fp8 captures 3 graphs" in err
+    assert f"at most {GRAPH_TABLES // 3}" in err
+
+
 def test_thresholds_key_is_dtype_and_hidden():
     t = Thresholds("gfx942", 4, {Thresholds.key("bfloat16", 7168): SizeRule(1, 2)})
     assert t.rule(DType.BF16, 7168) == SizeRule(1, 2) and t.rule(DType.FP16, 7168) == SizeRule()
