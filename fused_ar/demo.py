@@ -11,6 +11,8 @@ import os
 import tempfile
 from typing import Any
 
+from . import env
+
 PATHS = ("1stage", "2stage", "auto")
 ITERS = 50
 
@@ -132,8 +134,7 @@ def _worker(rank: int, world: int, init_file: str, ms: list[int], n: int, out_fi
 def run_demo(args: argparse.Namespace) -> int:
     import json
 
-    # Emulated ranks need a hardware queue each (see Communicator.local_group); set before CUDA starts.
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    env.reserve_rank_queues()
     import torch
 
     from .device.validate import require_gpu

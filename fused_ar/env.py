@@ -193,6 +193,13 @@ def lock_dir() -> Path:
     return Path("/tmp") / f"fused_ar-locks-{os.getuid()}"
 
 
+def reserve_rank_queues() -> None:
+    """Before CUDA starts, in a process that emulates N ranks on one GPU: a hardware queue per rank stream
+    (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default, 32 at most; see Communicator.local_group), unless the user set
+    it. Two ranks on one queue wait on each other until FUSED_AR_TIMEOUT_S."""
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+
 def child_environ() -> dict[str, str]:
     """This process's environment for a child `python -m fused_ar...`: PYTHONPATH leads with the directory
     holding this very package, so the child imports the same fused_ar (a source tree, an editable install)."""

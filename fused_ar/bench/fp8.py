@@ -14,6 +14,7 @@ import argparse
 import statistics
 from typing import Any, Callable
 
+from .. import env
 from ..comm.ipc import GRAPH_TABLES
 from ..errors import InputError
 from .peers import NVFP4_GLOBAL_SCALE, quantize
@@ -37,6 +38,7 @@ def _capture(torch: Any, streams: list, steps: list[Callable[[], Any]], calls: i
 
 
 def bench_fp8(args: argparse.Namespace) -> int:
+    env.reserve_rank_queues()
     import torch
 
     from ..comm.communicator import Communicator

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import env
 from .._version import __version__
 from ..errors import InputError
 from ..comm.ipc import GRAPH_TABLES
@@ -233,8 +234,7 @@ def plan(sweep: Sweep, gpus: int, one_process: bool) -> dict[int, Optional[bool]
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    # Emulated ranks need a hardware queue each (see Communicator.local_group); set before CUDA starts.
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    env.reserve_rank_queues()
     import torch
 
     from ..device.launch import arch_of
