@@ -122,12 +122,7 @@ FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
 #define FA_OCCUPANCY_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
 // The whole register file a block of `threads` may use. ptxas under __launch_bounds__ alone held the
 // cross-GPU kernels at 40-80 registers and spilled (ptxas -v, NVRTC 13); the two cannot be combined.
-// FA_MAX_REGISTERS, where rendered, caps it lower (a kernel whose epilogue would otherwise cost it blocks).
-#ifndef FA_MAX_REGISTERS
-#define FA_MAX_REGISTERS 255
-#endif
-#define FA_REGISTER_BOUNDS(threads) \
-  __maxnreg__(65536 / (threads) > FA_MAX_REGISTERS ? FA_MAX_REGISTERS : 65536 / (threads))
+#define FA_REGISTER_BOUNDS(threads) __maxnreg__(65536 / (threads) > 255 ? 255 : 65536 / (threads))
 #define FA_WAVE_SIZE 32
 #define FA_INLINE __device__ __forceinline__
 

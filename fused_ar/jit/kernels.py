@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterable, Mapping
 
-from .spec import (BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Platform,
-                   Quant, WeightKind, platform_of_arch)
+from .spec import (BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Quant,
+                   WeightKind)
 
 
 class Arg(Enum):
@@ -111,7 +111,7 @@ def check_specs(arch: str) -> list[KernelSpec]:
     return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))] + \
         [v for spec in short for v in variant_specs(spec)] + \
         [v for spec in short for base in [spec] + variant_specs(spec) for v in fp8_specs(base)
-         if base is spec or v.quant in (Quant.STATIC, Quant.TOKEN, Quant.GROUP)] + capped_check_specs(arch)
+         if base is spec or v.quant in (Quant.STATIC, Quant.TOKEN, Quant.GROUP)]
 
 
 def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
@@ -273,38 +273,6 @@ def cross_gpu_reg_packs(spec: KernelSpec) -> int:
     return max(1, add_rmsnorm_reg_packs(spec) // (4 if spec.dtype is DType.FP32 else 2))
 
 
-# Registers of the cross-GPU kernels with T output at 256 threads (16-bit x, 2 ranks; the two-stage kernel at
-# any N): 80, 3 blocks per SM. Under the whole register file their quantized outputs took 96-100, 2 blocks,
-# and ran 1.3-1.45x the T output's time at m = 1024 (H100, TP2 emulated); capped at this, the quantizing
-# epilogue costs no resident block. Elsewhere the cap spills (cuobjdump: an fp32 weight, or the one-stage and
-# reduce-scatter kernels from 3 ranks, whose T output itself takes 89-140), so those keep the whole file.
-CROSS_GPU_REGISTERS = 80
-
-
-def cross_gpu_capped(spec: KernelSpec) -> bool:
-    """Whether a cross-GPU kernel's registers are capped at CROSS_GPU_REGISTERS (the others: the whole file)."""
-    return (spec.quant is not Quant.NONE and spec.dtype.itemsize == 2 and spec.weight is not WeightKind.FP32
-            and spec.block <= 256 and (spec.op is Op.ALLREDUCE_RMSNORM_2STAGE or spec.ngpus == 2))
-
-
-def cross_gpu_max_registers(spec: KernelSpec) -> int:
-    return CROSS_GPU_REGISTERS if cross_gpu_capped(spec) else 255
-
-
-def capped_check_specs(arch: str) -> list[KernelSpec]:
-    """The register-capped cross-GPU kernels (NVIDIA: __maxnreg__), for the compile tests' no-spill check: each
-    RMSNorm op and quantized output (E4M3FN) of both 16-bit dtypes at 256 threads, 2 ranks and, for the two-stage
-    kernel, 8; bf16 also in place."""
-    if platform_of_arch(arch) is not Platform.CUDA:
-        return []
-    ops = (Op.ALLREDUCE_RMSNORM_1STAGE, Op.ALLREDUCE_RMSNORM_2STAGE, Op.REDUCE_SCATTER_RMSNORM)
-    quants = (Quant.STATIC, Quant.TOKEN, Quant.GROUP, Quant.GROUP_UE8M0, Quant.NVFP4, Quant.MXFP4)
-    specs = [KernelSpec(op=op, dtype=dtype, arch=arch, ngpus=n, block=256, quant=q, inplace=inplace)
-             for op in ops for n in ((2, 8) if op is Op.ALLREDUCE_RMSNORM_2STAGE else (2,)) for q in quants
-             for dtype, inplace in ((DType.BF16, False), (DType.FP16, False), (DType.BF16, True))]
-    return [s for s in specs if cross_gpu_capped(s)]
-
-
 # The one-stage fused kernel's blocks stop at 512 threads: at 1024 (64 registers each on sm_90) the row
 # packs, the N input packs and the barrier's checks sit at ptxas's spill edge (a few bytes of stack,
 # by its heuristics); at 512 a thread keeps twice the packs (cross_gpu_reg_packs), so the same part of
@@ -320,7 +288,6 @@ def allreduce_rmsnorm_block(packs_per_row: int) -> int:
 def _cross_gpu_constants(two_stage: bool, scatter: bool = False):
     def constants(spec: KernelSpec) -> dict[str, object]:
         return {"FA_TWO_STAGE": int(two_stage), "FA_SCATTER": int(scatter), "FA_MAX_BLOCKS": MAX_BLOCKS, "FA_MAX_RANKS": MAX_RANKS,
-                "FA_MAX_REGISTERS": cross_gpu_max_registers(spec),
                 "FA_REG_PACKS": cross_gpu_reg_packs(spec), "FA_OP_CODE": spec.op.code, "FA_DTYPE_CODE": spec.dtype.code, "FA_DESC_WORDS": DESC_WORDS,
                 "FA_ERROR_TIMEOUT": f"{ERROR_TIMEOUT:#x}u", "FA_ERROR_MISMATCH": f"{ERROR_MISMATCH:#x}u",
                 "FA_ERROR_UNREGISTERED": f"{ERROR_UNREGISTERED:#x}u", "FA_SIGNAL_BYTES": SIGNAL_BYTES,
