@@ -110,10 +110,17 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
         steps = [make(r, c) for r, c in enumerate(comms)]
         for s in streams:  # one eager call per rank first (plans, kernels), all ranks in flight together
             s.wait_stream(torch.cuda.current_stream())
-        outs = []
-        for step, s in zip(steps, streams):
-            with torch.cuda.stream(s):
-                outs.append(step())
+        if name == "unfused":
+            # Every rank's collective in flight before any quantization: torch's quantization may allocate, and a
+            # fresh allocation waits for the device, where a launched rank spins until the others arrive.
+            _reference_out(torch, comms, streams, xs, residual, weight, plain)
+            for r, s in enumerate(streams):
+                with torch.cuda.stream(s):
+                    quantize(torch, plain[r][0], mode, big, fp8, scale, group)
+        else:
+            for step, s in zip(steps, streams):
+                with torch.cuda.stream(s):
+                    step()
         torch.cuda.synchronize()
         if name == "fused":
             ref_q, ref_s = quantize(torch, _reference_out(torch, comms, streams, xs, residual, weight, plain), mode, big,
