@@ -139,17 +139,35 @@ def _floor_log2(a: torch.Tensor) -> torch.Tensor:
     return e - 1
 
 
-def mxfp4_reference(y: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, scales) of MXFP4 (OCP Microscaling v1.0, section 6.3): per block of 32, the shared exponent
-    X = floor(log2(amax)) - 2 (2: E2M1's largest exponent), clamped to [-127, 127] (amax 0: -127), values =
-    e2m1(y / 2^X); the scale byte is X + 127 (UE8M0), 255 (NaN) where the block holds a NaN or an inf.
+MXFP4_ROUNDINGS = ("floor", "rceil", "even")
+
+
+def mxfp4_reference(y: torch.Tensor, block: int = 32, rounding: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of MXFP4: per block of 32 a shared exponent X, the scale byte X + 127 (UE8M0), 255 (NaN)
+    where the block holds a NaN or an inf, and values = e2m1(y / 2^X). X by `rounding`:
+    - "floor", OCP Microscaling v1.0 section 6.3: X = floor(log2(amax)) - 2 (2: E2M1's largest exponent),
+      clamped to [-127, 127] (amax 0: -127);
+    - "rceil", AMD aiter's default (MxScaleRoundMode::RoundUp in its csrc/include/mx_quant_utils.h; NVIDIA's
+      and FlashInfer's RCEIL): the biased exponent of s = amax * fp32(1/6), plus one where s's mantissa is
+      not 0 (the smallest power of two >= s; a subnormal s gives 2^-126);
+    - "even", AMD Quark's EVEN (the same header's MxScaleRoundMode::Even): amax's biased exponent after adding
+      half of its second mantissa bit (+0x200000) and dropping the mantissa, minus 2, at least 0.
     values: uint8 (..., n / 2); scales: uint8 (..., n / 32)."""
+    if rounding not in MXFP4_ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r}: one of {MXFP4_ROUNDINGS}")
     b = _blocks(y, block)
     amax = b.abs().amax(-1)
     finite = torch.isfinite(amax)
-    positive = finite & (amax > 0)
-    x = torch.where(positive, _floor_log2(torch.where(positive, amax, torch.ones_like(amax))) - 2,
-                    torch.full_like(amax, -127, dtype=torch.int32)).clamp(-127, 127)
+    if rounding == "floor":
+        positive = finite & (amax > 0)
+        x = torch.where(positive, _floor_log2(torch.where(positive, amax, torch.ones_like(amax))) - 2,
+                        torch.full_like(amax, -127, dtype=torch.int32)).clamp(-127, 127)
+    elif rounding == "rceil":
+        bits = (amax * torch.tensor(1 / 6, dtype=torch.float32)).view(torch.int32)
+        x = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32) - 127
+    else:
+        x = ((((amax.view(torch.int32) + 0x200000) >> 23) & 0xFF) - 2).clamp(min=0) - 127
+    x = torch.where(finite, x, torch.full_like(x, -127))
     scale = torch.ldexp(torch.ones_like(amax), x)
     codes = e2m1_codes(b / scale.unsqueeze(-1)).view(*y.shape)
     byte = torch.where(finite, (x + 127).to(torch.uint8), torch.full_like(x, 255, dtype=torch.uint8))

@@ -37,14 +37,28 @@ FA_INLINE fa_u32 fa_nvfp4_scale(float global, float amax) {
   return fa_fp8(s > FA_FP8_MAX ? FA_FP8_MAX : s);
 }
 
-// MXFP4's shared exponent X = floor(log2(amax)) - 2, clamped to [-127, 127]: -127 for 0, subnormals and a
-// non-finite amax (whose byte is 255). Returns the UE8M0 byte; `inverse` is 2^-X, a normal float (X <= 125
-// for a finite amax), so y * 2^-X is exactly y / 2^X: one rounding of the same real number.
+// MXFP4's scale byte (UE8M0: X + 127 for the scale 2^X; 255, NaN, for a non-finite amax) by
+// FA_MXFP4_ROUNDING (docs/design.md section 1b): 0, OCP's X = floor(log2(amax)) - 2, clamped to [-127, 127];
+// 1, AMD aiter's default (RoundUp, also NVIDIA's and FlashInfer's "RCEIL"): the biased exponent of
+// s = amax * fp32(1/6), one up where s's mantissa is not 0; 2, AMD Quark's EVEN: the biased exponent of amax
+// rounded at its second mantissa bit (+0x200000, mantissa dropped), minus 2, at least 0. `inverse` is 2^-X, a
+// normal float (X <= 126 for a finite amax; 2^127 for byte 0 and 255), so y * 2^-X is exactly y / 2^X: one
+// rounding of the same real number.
 FA_INLINE fa_u32 fa_mxfp4_scale(float amax, float& inverse) {
-  const int e = (int)((fa_float_as_u32(amax) >> 23) & 0xffu);
-  const int x = (e == 0 || e == 255) ? -127 : (e - 129 < -127 ? -127 : e - 129);
-  inverse = fa_u32_as_float((fa_u32)(127 - x) << 23);
-  return e == 255 ? 255u : (fa_u32)(x + 127);
+  const fa_u32 bits = fa_float_as_u32(amax);
+  const fa_u32 e = (bits >> 23) & 0xffu;
+#if FA_MXFP4_ROUNDING == 1
+  const fa_u32 s = fa_float_as_u32(amax * (1.0f / 6.0f));
+  const fa_u32 se = (s >> 23) & 0xffu;
+  const fa_u32 byte = e == 255u ? 255u : se + (fa_u32)((s & 0x7fffffu) != 0u && se < 255u);
+#elif FA_MXFP4_ROUNDING == 2
+  const fa_u32 rounded = ((bits + 0x200000u) >> 23) & 0xffu;
+  const fa_u32 byte = e == 255u ? 255u : (rounded >= 2u ? rounded - 2u : 0u);
+#else
+  const fa_u32 byte = e == 255u ? 255u : (e >= 2u ? e - 2u : 0u);
+#endif
+  inverse = fa_u32_as_float((byte >= 254u ? 254u : 254u - byte) << 23);
+  return byte;
 }
 
 // A pack's values as E2M1 codes of v * s, two a byte, the first in the low nibble.

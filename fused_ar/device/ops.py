@@ -228,7 +228,9 @@ def add_rmsnorm_fp4(x: Any, residual: Optional[Any], weight: Optional[Any], eps:
     or with scales_swizzled the NVFP4 GEMMs' layout: 1-D, rows padded to 128 and blocks to 4, tiles of
     128 x 4 (fused_ar.reference.swizzle_nvfp4_scales; the padding is 0 in scales this call allocates; a
     given scales_out's padding rows are left as they are). "mxfp4" (OCP MX): per 32 columns the UE8M0 byte of
-    2^(floor(log2(amax)) - 2) and values e2m1(y / that), scales uint8 (..., n / 32). n is a multiple of the
+    2^(floor(log2(amax)) - 2) and values e2m1(y / that), scales uint8 (..., n / 32); "mxfp4_rceil" and
+    "mxfp4_even" round that exponent as AMD's aiter (RoundUp) and Quark (EVEN) do (reference.mxfp4_reference's
+    `rounding`). n is a multiple of the
     block; rows are 16-byte aligned. residual_out keeps x's dtype and add_rmsnorm's bits; out, residual_out
     and scales_out may be given. The other inputs are as add_rmsnorm's.
     """

@@ -384,24 +384,29 @@ def check_fp8_call(x: Any, call: RmsnormCall, fp8: dict[str, Any], native: Fp8Fo
     return quant, check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
 
 
-FP4_FORMATS = ("nvfp4", "mxfp4")
+# fp4_format -> the kind: NVFP4, or MXFP4 with OCP's rounding of the scale, AMD aiter's (RCEIL) or Quark's (EVEN)
+FP4_FORMATS = {"nvfp4": Quant.NVFP4, "mxfp4": Quant.MXFP4, "mxfp4_rceil": Quant.MXFP4_RCEIL,
+               "mxfp4_even": Quant.MXFP4_EVEN}
 
 
 def check_fp4(x: Any, cols: int, fp4_format: Any, swizzled: Any, global_scale: Any) -> QuantCall:
     """FP4 output: E2M1 values two a byte (..., n / 2); NVFP4 takes a global scale (one float32 on x's device)
     and returns E4M3 block scales per 16 columns, row-major (..., n / 16) or swizzled (1-D, the 128 x 4 tiles);
-    MXFP4 UE8M0 bytes per 32 columns (..., n / 32). n must be a multiple of the block."""
+    MXFP4 (each rounding of its scale) UE8M0 bytes per 32 columns (..., n / 32). n must be a multiple of the
+    block."""
     if not isinstance(fp4_format, str) or fp4_format not in FP4_FORMATS:
         raise InputError(f"fp4_format={fp4_format!r}: it must be one of {', '.join(map(repr, FP4_FORMATS))}")
     if not isinstance(swizzled, bool):
         raise InputError(f"scales_swizzled={swizzled!r}: it must be True or False")
-    kind = Quant.MXFP4 if fp4_format == "mxfp4" else (Quant.NVFP4_SWIZZLED if swizzled else Quant.NVFP4)
-    if kind is Quant.MXFP4:
+    kind = FP4_FORMATS[fp4_format]
+    if kind.mxfp4:
         if swizzled:
             raise InputError("scales_swizzled=True: the swizzled tiles are NVFP4's layout; MXFP4 scales are row-major")
         if global_scale is not None:
-            raise InputError("global_scale was given with fp4_format='mxfp4': MXFP4's scales are powers of two alone")
+            raise InputError(f"global_scale was given with fp4_format={fp4_format!r}: MXFP4's scales are powers of two "
+                             "alone")
     else:
+        kind = Quant.NVFP4_SWIZZLED if swizzled else Quant.NVFP4
         if global_scale is None:
             raise InputError("fp4_format='nvfp4' needs global_scale (one float32 on x's device: the per-tensor scale "
                              "of the NVFP4 convention, block scale = e4m3(global_scale * amax / 6))")
@@ -415,7 +420,7 @@ def check_fp4(x: Any, cols: int, fp4_format: Any, swizzled: Any, global_scale: A
                          f"of {block}")
     lead = tuple(x.shape[:-1])
     blocks = cols // block
-    dtype = "uint8" if kind is Quant.MXFP4 else "float8_e4m3fn"
+    dtype = "uint8" if kind.mxfp4 else "float8_e4m3fn"
     common = dict(out_dtype="uint8", out_cols=cols // 2, scale_bytes=1)
     if kind is Quant.NVFP4_SWIZZLED:
         rows = _contiguous_strides((1,) + lead)[0]

@@ -82,13 +82,14 @@ FP8_MAX_BLOCK = 512
 def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
     """An RMSNorm spec's quantized outputs (blocks up to FP8_MAX_BLOCK): FP8 with each kind of scale in both
     formats, the power-of-two group scales (fp32 and UE8M0) in E4M3FN, the format of the block-FP8 GEMMs that
-    read them (in E4M3FNUZ they compile on first use), and FP4 (NVFP4 both scale layouts, MXFP4) for 16-byte
-    packs."""
+    read them (in E4M3FNUZ they compile on first use), and FP4 (NVFP4 both scale layouts, MXFP4 each rounding)
+    for 16-byte packs."""
     if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK:
         return []
     return [replace(spec, quant=q, fp8=f) for q in (Quant.STATIC, Quant.TOKEN, Quant.GROUP) for f in Fp8Format] + \
         [replace(spec, quant=q, fp8=Fp8Format.E4M3FN) for q in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)] + \
-        [replace(spec, quant=q) for q in (Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4) if spec.pack == DEFAULT_PACK]
+        [replace(spec, quant=q) for q in (Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4, Quant.MXFP4_RCEIL,
+                                          Quant.MXFP4_EVEN) if spec.pack == DEFAULT_PACK]
 
 
 def check_specs(arch: str) -> list[KernelSpec]:
@@ -107,8 +108,10 @@ def check_specs(arch: str) -> list[KernelSpec]:
             if key not in widest or spec.block > widest[key].block:
                 widest[key] = spec
     # The power-of-two and FP4 kinds differ from the per-group kind only in the row's epilogue: each short-row
-    # kernel compiles them once, its variants (weights, residual, in place) with the FP8 kinds alone.
-    return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))] + \
+    # kernel compiles them once, its variants (weights, residual, in place) with the FP8 kinds alone; MXFP4's
+    # other roundings differ from OCP's in one function, compiled with the short-row kernels only.
+    return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))
+            if v.quant.mxfp4_rounding == 0] + \
         [v for spec in short for v in variant_specs(spec)] + \
         [v for spec in short for base in [spec] + variant_specs(spec) for v in fp8_specs(base)
          if base is spec or v.quant in (Quant.STATIC, Quant.TOKEN, Quant.GROUP)]

@@ -81,6 +81,7 @@ def render(spec: KernelSpec) -> Source:
         "FA_GROUP_SHARED": int(not spec.short_rows),  # short rows: only groups that fill a run of lanes (kernels.py)
         "FA_FP4_BLOCK": spec.quant.fp4_block,
         "FA_SCALE_SWIZZLED": int(spec.quant is Quant.NVFP4_SWIZZLED),
+        "FA_MXFP4_ROUNDING": spec.quant.mxfp4_rounding,
         **kdef.constants(spec),
     }
     head = [f"// fused_ar kernel {spec}", "// rendered from kernels_src; edit the templates, not this text"]

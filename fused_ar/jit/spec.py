@@ -64,7 +64,8 @@ class Quant(str, Enum):
     """The output of an RMSNorm op: T, or FP8 with a given scale, a scale per row, or a scale per group:
     fp32 scales, power-of-two scales as fp32 (GROUP_POW2), or those as UE8M0 bytes four to an int32
     (GROUP_UE8M0); or FP4 (E2M1 values two a byte): NVFP4 with its E4M3 block scales row-major or in the
-    GEMMs' swizzled tiles, MXFP4 with its UE8M0 block scales."""
+    GEMMs' swizzled tiles, MXFP4 with its UE8M0 block scales (OCP's rounding of the scale, AMD aiter's RCEIL
+    or AMD Quark's EVEN)."""
 
     NONE = "none"
     STATIC = "static"
@@ -75,6 +76,8 @@ class Quant(str, Enum):
     NVFP4 = "nvfp4"
     NVFP4_SWIZZLED = "nvfp4_swizzled"
     MXFP4 = "mxfp4"
+    MXFP4_RCEIL = "mxfp4_rceil"
+    MXFP4_EVEN = "mxfp4_even"
 
     @property
     def per_group(self) -> bool:
@@ -82,22 +85,33 @@ class Quant(str, Enum):
 
     @property
     def fp4(self) -> bool:
-        return self in (Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4)
+        return self in (Quant.NVFP4, Quant.NVFP4_SWIZZLED) or self.mxfp4
+
+    @property
+    def mxfp4(self) -> bool:
+        return self in (Quant.MXFP4, Quant.MXFP4_RCEIL, Quant.MXFP4_EVEN)
+
+    @property
+    def mxfp4_rounding(self) -> int:
+        """FA_MXFP4_ROUNDING (kernels_src/fa_fp4.h): 0 OCP, 1 RCEIL, 2 EVEN; 0 for the other kinds."""
+        return {Quant.MXFP4_RCEIL: 1, Quant.MXFP4_EVEN: 2}.get(self, 0)
 
     @property
     def converts_e4m3(self) -> bool:
         """Whether the kernel converts to E4M3: FP8 values, or NVFP4's block scales (MXFP4's are exponents)."""
-        return self not in (Quant.NONE, Quant.MXFP4)
+        return self is not Quant.NONE and not self.mxfp4
 
     @property
     def fp4_block(self) -> int:
         """Values per FP4 block scale: 16 (NVFP4), 32 (MXFP4); 0 for the other kinds."""
-        return 32 if self is Quant.MXFP4 else (16 if self.fp4 else 0)
+        return 32 if self.mxfp4 else (16 if self.fp4 else 0)
 
     @property
     def render_id(self) -> str:
         if self.per_group:
             return "FA_QUANT_GROUP"
+        if self.mxfp4:
+            return "FA_QUANT_MXFP4"
         return "FA_QUANT_NVFP4" if self is Quant.NVFP4_SWIZZLED else f"FA_QUANT_{self.name}"
 
 

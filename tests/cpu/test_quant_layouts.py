@@ -131,6 +131,11 @@ def test_fp4_layouts():
     q = check_fp4(x[:, :2048], 2048, "mxfp4", False, None)
     assert (q.kind, q.scales_dtype, q.scales_shape, q.group) == (Quant.MXFP4, "uint8", (130, 64), 32)
     assert KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=Quant.MXFP4, fp8="e4m3fnuz").fp8 is Fp8Format.E4M3FN
+    for fmt, kind, rounding in (("mxfp4_rceil", Quant.MXFP4_RCEIL, 1), ("mxfp4_even", Quant.MXFP4_EVEN, 2)):
+        q = check_fp4(x[:, :2048], 2048, fmt, False, None)
+        assert (q.kind, q.scales_dtype, q.scales_shape, q.group) == (kind, "uint8", (130, 64), 32)
+        text = render(KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=kind)).text
+        assert "#define FA_QUANT FA_QUANT_MXFP4" in text and f"#define FA_MXFP4_ROUNDING {rounding}" in text
     with pytest.raises(ValueError, match="FP4 output takes 16-byte packs"):
         KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=Quant.NVFP4, pack=2)
 
@@ -141,6 +146,7 @@ def test_fp4_layouts():
     ({"global_scale": torch.ones(2)}, "one float32"),
     ({"fp4_format": "mxfp4", "global_scale": torch.ones(1)}, "powers of two alone"),
     ({"fp4_format": "mxfp4", "scales_swizzled": True}, "NVFP4's layout"),
+    ({"fp4_format": "mxfp4_even", "global_scale": torch.ones(1)}, "fp4_format='mxfp4_even': MXFP4's scales"),
     ({"global_scale": torch.ones(1), "scales_swizzled": "no"}, "scales_swizzled='no'"),
 ])
 def test_bad_fp4_arguments_are_refused(no_plan, kwargs, match):

@@ -89,6 +89,31 @@ def test_mxfp4_shared_exponent():
     assert (values[3] == 0).all()
 
 
+def test_mxfp4_rceil_is_the_smallest_power_of_two_over_amax_times_a_sixth():
+    """aiter's RoundUp: 2^X >= fp32(amax * fp32(1/6)), the smallest such (a subnormal product gives 2^-126)."""
+    amax = torch.tensor([1.0, 6.0, 7.0, 12.0, 0.3, 3e38, 1e-40, 0.0, float("inf")])
+    y = torch.zeros(len(amax), 32)
+    y[:, 5] = amax
+    packed, scales = mxfp4_reference(y, rounding="rceil")
+    assert scales.flatten().tolist() == [125, 127, 128, 128, 123, 253, 1, 0, 255]
+    sixth = amax * torch.tensor(1 / 6, dtype=torch.float32)
+    for a, s, b in zip(amax[:6].tolist(), sixth[:6].tolist(), scales.flatten()[:6].tolist()):
+        assert 2.0 ** (b - 127) >= s > 2.0 ** (b - 128), (a, b)
+    values = e2m1_values(unpack_fp4(packed))
+    assert values[2, 5] == 4.0 and values[3, 5] == 6.0  # 7 / 2 = 3.5: the tie goes to 4; 12 / 2 = 6: no clipping
+
+
+def test_mxfp4_even_rounds_amax_at_its_second_mantissa_bit():
+    """Quark's EVEN: amax's exponent after + 0x200000 (1.75 * 2^k and up round to 2^(k+1)), minus 2."""
+    amax = torch.tensor([1.0, 1.5, 1.74, 1.75, 7.0, 0.0, 1e-40, float("nan")])
+    y = torch.zeros(len(amax), 32)
+    y[:, 0] = amax
+    _, scales = mxfp4_reference(y, rounding="even")
+    assert scales.flatten().tolist() == [125, 125, 125, 126, 128, 0, 0, 255]
+    with pytest.raises(ValueError, match="rounding='up'"):
+        mxfp4_reference(y, rounding="up")
+
+
 def test_pow2_ceil_is_exact_around_powers_of_two():
     for k in (-20, -1, 0, 3, 30):
         p = 2.0 ** k

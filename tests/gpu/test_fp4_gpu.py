@@ -17,14 +17,19 @@ from tests.gpu.test_communicator_gpu import emulated_group, run_ranks
 from tests.gpu.test_ue8m0_gpu import edge_rows
 
 pytestmark = pytest.mark.gpu
-KINDS = [("nvfp4", False), ("nvfp4", True), ("mxfp4", False)]
-KIND_IDS = ["nvfp4", "nvfp4_swizzled", "mxfp4"]
+KINDS = [("nvfp4", False), ("nvfp4", True), ("mxfp4", False), ("mxfp4_rceil", False), ("mxfp4_even", False)]
+KIND_IDS = ["nvfp4", "nvfp4_swizzled", "mxfp4", "mxfp4_rceil", "mxfp4_even"]
+
+
+def rounding(fmt: str) -> str:
+    """The reference's rounding of an MXFP4 fp4_format's scale: mxfp4 (OCP floor), mxfp4_rceil, mxfp4_even."""
+    return fmt.removeprefix("mxfp4").removeprefix("_") or "floor"
 
 
 def expected(out: torch.Tensor, fmt: str, swizzled: bool, global_scale) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, scales) the call must return for its own T out."""
-    if fmt == "mxfp4":
-        return mxfp4_reference(out)
+    if fmt.startswith("mxfp4"):
+        return mxfp4_reference(out, rounding=rounding(fmt))
     values, scales = nvfp4_reference(out, global_scale)
     if swizzled:
         scales = swizzle_nvfp4_scales(scales.reshape(-1, scales.shape[-1]))
@@ -57,7 +62,7 @@ GLOBAL = 448.0 * 6.0 / 40.0  # an amax of about 40 maps to the top of E4M3
 @pytest.mark.parametrize("m", [1, 7, 130])
 @pytest.mark.parametrize("n", [2048, 2080, 7168])  # 2080: 130 NVFP4 blocks (the swizzled tiles pad to 132)
 def test_add_rmsnorm_fp4_matches_reference(fmt, swizzled, dtype, m, n):
-    if fmt == "mxfp4" and n % 32:
+    if fmt.startswith("mxfp4") and n % 32:
         n += 16
     x, residual, weight = inputs(m, n, dtype, m * 31 + n)
     g = torch.tensor([GLOBAL], device="cuda")
@@ -72,7 +77,7 @@ def test_add_rmsnorm_fp4_matches_reference(fmt, swizzled, dtype, m, n):
     assert torch.equal(scales.view(torch.uint8), ref_scales.view(torch.uint8))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp4_rceil", "mxfp4_even"])
 def test_edge_rows(fmt):
     """All-zero rows and blocks (scale 0: NVFP4 code 0, MXFP4 2^-127), one huge value (saturation, small values
     of its block to 0), tiny values, an inf in x and a NaN (their blocks' scale is NaN)."""

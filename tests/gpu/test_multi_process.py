@@ -201,8 +201,9 @@ def _quant(comm, rank, world, device):
                 torch.cuda.synchronize()
                 comm.check()
                 check(q, scales, out, 128, scales_format, mn_major)
-            for fmt, swizzled in (("nvfp4", True), ("nvfp4", False), ("mxfp4", False)):
-                if fmt == "mxfp4" and n % 32:
+            for fmt, swizzled in (("nvfp4", True), ("nvfp4", False), ("mxfp4", False), ("mxfp4_rceil", False),
+                                  ("mxfp4_even", False)):
+                if fmt.startswith("mxfp4") and n % 32:
                     continue
                 g = torch.tensor([20.0], device="cuda") if fmt == "nvfp4" else None
                 values, _, scales = comm.allreduce_rmsnorm_fp4(xs[rank], residual, weight, path=path, fp4_format=fmt,
