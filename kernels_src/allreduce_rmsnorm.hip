@@ -44,13 +44,13 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_scale_t* __restrict__ scales, int group,
     fa_i64 scales_stride, fa_i64 scales_col_stride,
-    const float* __restrict__ global_scale, int scales_row0, fa_i64 timeout_ns
+    const float* __restrict__ global_scale, int scales_row0, fa_i64 timeout_ns, int release_early
 #if FA_SCATTER
     , int first_row, int all_rows
 #endif
     ) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
-  fa_grid_launch_dependents();
+  fa_peer_release(release_early);
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
 #if FA_SCATTER

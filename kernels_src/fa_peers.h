@@ -108,6 +108,16 @@ FA_INLINE void fa_record(const fa_barrier_t& b, fa_u32 code, const fa_u32* their
   b.state->failed = 1;
 }
 
+// Programmatic dependent launch: the next kernel on this rank's stream may become resident (and wait there)
+// once every block of this one has called fa_grid_launch_dependents. A rank alone on its GPU lets it at
+// once (release_early 1): all of this kernel's blocks are resident by then, so the dependent cannot keep
+// any of them from its barrier. Ranks sharing one GPU let it only at exit (0): a dependent of one rank,
+// resident and waiting for that rank's spinning kernel, would hold SM slots that another rank's blocks of
+// the same call still need (a hang until the timeout).
+FA_INLINE void fa_peer_release(int release_early) {
+  if (release_early) fa_grid_launch_dependents();
+}
+
 // Every call of a kernel uses flag = epoch + 1 for all its phases; flags only ever compare for equality,
 // so the 32-bit counter may wrap. `state` is a __shared__ fa_block_state_t of the kernel; the first
 // fa_barrier's block sync publishes what thread 0 writes here.

@@ -3,8 +3,9 @@ group scales, NVFP4 and MXFP4) against our all-reduce + RMSNorm followed by torc
 reference for the last three), and the all-reduce + RMSNorm with bf16 out alone, in the same run.
 
 Method (docs/design.md section 7, on one GPU): N ranks in one process (a single-GPU emulation); per rank a
-CUDA graph of K calls on the rank's own stream; one timed pass replays every rank's graph between two events,
-median of R passes, per call. Each variant is checked first: the fused values and scales bit-identical to torch's
+CUDA graph of K calls on the rank's own stream (the unfused variant: one graph of K rounds, every rank's
+collective, then every rank's quantization); one timed pass replays the graphs between two events, median of
+R passes, per call. Each variant is checked first: the fused values and scales bit-identical to torch's
 quantization of the unfused out.
 """
 
@@ -35,6 +36,25 @@ def _capture(torch: Any, streams: list, steps: list[Callable[[], Any]], calls: i
                 step()
         graphs.append(g)
     return graphs
+
+
+def _capture_joined(torch: Any, streams: list, phases: list[list[Callable[[], Any]]], calls: int) -> Any:
+    """One graph of `calls` rounds: in each, every rank's first phase (the collective) on its stream, all
+    together, then, once every rank's is done, every rank's second (torch's quantization). Ranks sharing a GPU
+    cannot run a rank's quantization between its collectives: while the other ranks' blocks spin at the next
+    barrier (spread over every SM), a kernel that needs an SM's whole register file never starts (a hang)."""
+    main = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=main):
+        for _ in range(calls):
+            for phase in phases:
+                for step, s in zip(phase, streams):
+                    s.wait_stream(main)
+                    with torch.cuda.stream(s):
+                        step()
+                for s in streams:
+                    main.wait_stream(s)
+    return g
 
 
 def bench_fp8(args: argparse.Namespace) -> int:
@@ -96,32 +116,25 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
             xs[r], residual, weight, scale=static, group_size=group if mode not in ("static", "token") else None,
             fp8_dtype=fp8, scales_format="ue8m0_packed" if mode == "group_ue8m0" else "fp32", **outs)
 
-    def unfused(r: int, c: Any) -> Callable[[], Any]:
-        def step() -> Any:
-            out, _ = c.allreduce_rmsnorm(xs[r], residual, weight, out=plain[r][0], residual_out=plain[r][1])
-            return quantize(torch, out, mode, big, fp8, scale, group)
-        return step
-
     def bf16(r: int, c: Any) -> Callable[[], Any]:
         return lambda: c.allreduce_rmsnorm(xs[r], residual, weight, out=plain[r][0], residual_out=plain[r][1])
 
+    def quantized(r: int, c: Any) -> Callable[[], Any]:
+        return lambda: quantize(torch, plain[r][0], mode, big, fp8, scale, group)
+
     results = {}
-    for name, make in (("fused", fused), ("unfused", unfused), ("bf16", bf16)):
-        steps = [make(r, c) for r, c in enumerate(comms)]
+    # unfused: our all-reduce + RMSNorm, then torch's quantization of its out (every rank's collective first)
+    for name, makes in (("fused", (fused,)), ("unfused", (bf16, quantized)), ("bf16", (bf16,))):
+        phases = [[make(r, c) for r, c in enumerate(comms)] for make in makes]
         for s in streams:  # one eager call per rank first (plans, kernels), all ranks in flight together
             s.wait_stream(torch.cuda.current_stream())
-        if name == "unfused":
+        for phase in phases:
             # Every rank's collective in flight before any quantization: torch's quantization may allocate, and a
             # fresh allocation waits for the device, where a launched rank spins until the others arrive.
-            _reference_out(torch, comms, streams, xs, residual, weight, plain)
-            for r, s in enumerate(streams):
-                with torch.cuda.stream(s):
-                    quantize(torch, plain[r][0], mode, big, fp8, scale, group)
-        else:
-            for step, s in zip(steps, streams):
+            for step, s in zip(phase, streams):
                 with torch.cuda.stream(s):
                     step()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
         if name == "fused":
             ref_q, ref_s = quantize(torch, _reference_out(torch, comms, streams, xs, residual, weight, plain), mode, big,
                                      fp8, scale, group)
@@ -130,7 +143,10 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
                 if static is None:
                     assert _bytes(torch, q[r][2]).equal(_bytes(torch, ref_s)), f"{mode}: rank {r}'s scales differ"
         with _all_registered(comms):
-            graphs = _capture(torch, streams, steps, args.graph_calls)
+            if len(phases) == 1:
+                graphs, joined = _capture(torch, streams, phases[0], args.graph_calls), None
+            else:
+                graphs, joined = [], _capture_joined(torch, streams, phases, args.graph_calls)
         times = []
         for _ in range(args.replays):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -141,6 +157,8 @@ def _one(torch: Any, comms: list, streams: list, xs: list, residual: Any, weight
                     g.replay()
             for s in streams:
                 torch.cuda.current_stream().wait_stream(s)
+            if joined is not None:
+                joined.replay()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / args.graph_calls)

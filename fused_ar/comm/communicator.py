@@ -181,7 +181,10 @@ class Communicator(SequenceParallel):
         streams share a hardware queue (the default 8 can serialize one rank behind another's spin), and
         create every output (out=, residual_out=) before the first rank's call: one thread launches all
         ranks, so a host call that waits on the GPU between two ranks' launches (a fresh device allocation
-        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S. Loading a kernel is such a call
+        can) leaves the launched ranks spinning until FUSED_AR_TIMEOUT_S. So can a kernel queued on one rank's
+        stream between two of its collectives: while the other ranks' blocks spin at the next barrier (spread
+        over every SM), a kernel that needs an SM's whole register file never starts; run other kernels after
+        every rank's collective (join the streams). Loading a kernel is such a call
         (it waits for the whole device): the group loads every cross-GPU kernel of its size and every
         add_rmsnorm kernel here, before any rank can launch (compiling the ones not in the disk cache;
         `python -m fused_ar warm` ahead makes this quick). A local group has no device group: calls the
@@ -477,7 +480,7 @@ class Communicator(SequenceParallel):
                 plan = CallPlan.fallback_plan(tensors, rows, quant, q_tensors)
             else:
                 spec = self._fused_spec(call, chosen, in_place, quant)
-                fixed = {"rank": self.rank, "rows": rows, "cols": cols, "timeout_ns": self._timeout_ns,
+                fixed = {**self._peer_args(), "rows": rows, "cols": cols,
                          "residual_stride": call.residual_stride or 0,
                          "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else
                          (quant.out_cols if quant else cols),
@@ -536,8 +539,8 @@ class Communicator(SequenceParallel):
                 work = math.ceil(packs / self.world_size) if chosen is Path.TWO_STAGE else packs
                 # rows, cols: x's shape in every chunk's descriptor (the same on every rank)
                 return CallPlan(spec, self.device, min(math.ceil(work / PLAIN_BLOCK), cap),
-                                {"rank": self.rank, "packs": packs, "rows": x.numel() // cols, "cols": cols,
-                                 "timeout_ns": self._timeout_ns}, (x, out), n, x_layout=(1, n * size, n * size))
+                                {**self._peer_args(), "packs": packs, "rows": x.numel() // cols, "cols": cols},
+                                (x, out), n, x_layout=(1, n * size, n * size))
             if chunk >= x.numel():
                 plan = part(x.numel())
             else:
@@ -640,6 +643,12 @@ class Communicator(SequenceParallel):
         first = next(iter(tensors.values()))
         if first.device.index != self.device:
             raise InputError(f"x is on {first.device} but this communicator serves cuda:{self.device}")
+
+    def _peer_args(self) -> dict[str, int]:
+        """The arguments every cross-GPU kernel of this rank takes alike: its rank, the barrier timeout, and
+        whether a dependent launch may start before the kernel ends (kernels_src/fa_peers.h,
+        fa_peer_release): only where this rank is alone on its GPU."""
+        return {"rank": self.rank, "timeout_ns": self._timeout_ns, "release_early": int(self._ranks_per_device == 1)}
 
     def _grid_cap(self, spec: KernelSpec) -> int:
         """Most blocks per launch: MAX_BLOCKS, and few enough that every rank sharing this GPU has all its

@@ -179,7 +179,7 @@ class SequenceParallel:
             packs = row_bytes // DEFAULT_PACK
             spec = spec_for(REDUCE_SCATTER_RMSNORM.op, call.x.dtype, self.device, allreduce_rmsnorm_block(packs),
                             self.world_size, **variant)
-            fixed = {"rank": self.rank, "cols": cols, "timeout_ns": self._timeout_ns, "all_rows": m,
+            fixed = {**self._peer_args(), "cols": cols, "all_rows": m,
                      "residual_stride": call.residual_stride or 0,
                      "out_stride": (q_layout or layouts.get("out") or call.x).row_stride if out is not None else
                          (quant.out_cols if quant else cols),
@@ -314,8 +314,8 @@ class SequenceParallel:
             spec = spec_for(ALL_GATHER.op, shape.dtype, self.device, GATHER_BLOCK, self.world_size)
             packs = per * row_bytes // DEFAULT_PACK
             sub = CallPlan(spec, self.device, min(max(math.ceil(packs / GATHER_BLOCK), 1), self._grid_cap(spec)),
-                           {"rank": self.rank, "all_rows": rows, "cols": cols, "shard_rows": shard, "count": per,
-                            "timeout_ns": self._timeout_ns}, (x, out), rows)
+                           {**self._peer_args(), "all_rows": rows, "cols": cols, "shard_rows": shard, "count": per},
+                           (x, out), rows)
             chunks = tuple((first, sub) for first in range(0, max(shard, 1), per)) if rows else ()
             plan = CallPlan.chunked_plan((x, out), rows, False, None, (), chunks,
                                          (shape.row_stride * shape.dtype.itemsize, 0, 0, 0, 0))
