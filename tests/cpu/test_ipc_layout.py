@@ -7,7 +7,7 @@ import ctypes
 import struct
 
 from fused_ar.comm.ipc import TABLE_STRIDE, PeerView
-from fused_ar.jit.kernels import DESC_WORDS, MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES
+from fused_ar.jit.kernels import DESC_WORDS, MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES, Arg
 from fused_ar.comm.report import REPORT_BYTES
 
 
@@ -55,3 +55,25 @@ def test_hip_ipc_handle_bytes_round_trip():
     payload = bytes(range(100, 100 + IPC_HANDLE_BYTES))
     ctypes.memmove(handle.as_c_void_p(), payload, IPC_HANDLE_BYTES)
     assert ctypes.string_at(handle.as_c_void_p(), IPC_HANDLE_BYTES) == payload
+
+
+def test_cross_gpu_kernels_let_dependents_launch_early_only_for_a_rank_alone_on_its_gpu(monkeypatch):
+    """PDL: a dependent resident early on one rank's stream could hold the SM slots another rank sharing the
+    GPU needs for the same call; each cross-GPU kernel releases through fa_peer_release(release_early), and
+    the communicator passes 1 only where its rank is alone on its device."""
+    import fused_ar.comm.communicator as communicator
+    from fused_ar.jit.kernels import CROSS_GPU_NGPUS, all_kernels
+    from fused_ar.jit.render import kernels_src_dir
+
+    for kdef in all_kernels():
+        if kdef.ngpus != CROSS_GPU_NGPUS:
+            continue
+        assert ("release_early", Arg.I32) in kdef.params, kdef.op
+        text = (kernels_src_dir() / kdef.template).read_text()
+        assert "fa_peer_release(release_early);" in text and "fa_grid_launch_dependents" not in text, kdef.template
+    monkeypatch.setattr(communicator, "current_runtime", lambda: None)  # no device is touched
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm._init_fields(1, 2, 0, 1 << 20)
+    assert comm._peer_args() == {"rank": 1, "timeout_ns": comm._timeout_ns, "release_early": 1}
+    comm._ranks_per_device = 2  # Communicator.local_group, or two processes on one GPU
+    assert comm._peer_args()["release_early"] == 0
