@@ -82,6 +82,19 @@ def rank(i, out):
         finally:
             exchanges.append((time.perf_counter() - start) * 1e3)
     dist.all_gather_object = timed
+    # the construction's steps, each timed with the exchanges it makes
+    steps = {}
+    def step(name):
+        method = getattr(fused_ar.Communicator, name)
+        def run(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                steps[name.strip("_")] = steps.get(name.strip("_"), 0.0) + (time.perf_counter() - start) * 1e3
+        setattr(fused_ar.Communicator, name, run)
+    for name in ("_gather_info", "_probe", "_allocate", "_connect"):
+        step(name)
     dist.barrier()
     t0 = time.perf_counter()
     comm = fused_ar.Communicator(device=0, max_bytes=8 << 20)
@@ -96,7 +109,7 @@ def rank(i, out):
     comm.close()
     if i == 0:
         open(out, "w").write(json.dumps({"ms": build, "exchanges_ms": during, "import_ms": imported,
-                                         "first_call_ms": first}))
+                                         "first_call_ms": first, "steps_ms": steps}))
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -171,7 +184,9 @@ def bench_startup(args: Any) -> int:
         notes = ""
         if "exchanges_ms" in runs[0]:
             notes = (f"{len(runs[0]['exchanges_ms'])} group exchanges (all_gather_object over gloo): "
-                     f"{statistics.median(sum(r['exchanges_ms']) for r in runs):.1f} ms")
+                     f"{statistics.median(sum(r['exchanges_ms']) for r in runs):.1f} ms; by step (exchanges "
+                     "included): " + ", ".join(f"{k} {statistics.median(r['steps_ms'].get(k, 0.0) for r in runs):.1f}"
+                                               for k in runs[0]["steps_ms"]))
         elif "exchanges" in runs[0]:
             notes = "target <= 30 ms"
         elif "nvrtc_loaded" in runs[0]:
