@@ -25,17 +25,26 @@ def _verdict(verdict: Any) -> Optional[tuple[bool, str]]:
     return verdict["ok"], verdict["detail"]
 
 
+def _stored(name: str) -> Optional[tuple[bool, str]]:
+    root = env.cache_dir()
+    found = _verdict(trust.json_in(root, ("probes", name), VERDICT_MAX_BYTES, then="probing again"))
+    return None if found is None else (found[0], f"{found[1]} (probed earlier, {root / 'probes' / name})")
+
+
 def remembered(key: str, probe: Callable[[], tuple[bool, str]], extra: Optional[dict] = None,
                kind: str = "peer_access") -> tuple[bool, str]:
     """The verdict of the `kind` probe stored for `key` under the cache directory, else probe() stored
-    there; one process probes at a time (the others wait on the lock, then read). A missing, malformed or
+    there; one process probes at a time (the others wait on the lock, then read). A stored verdict is read
+    without the lock (it is written whole, by rename), as a kernel cache hit is. A missing, malformed or
     untrusted file is probed again; an unwritable cache only means probing again next time."""
     name = f"{kind}-{key}.json"
+    found = _stored(name)
+    if found is not None:
+        return found
     with default_lock_dir().held(f"probe-{key}", f"probing ({kind})"):
-        root = env.cache_dir()
-        found = _verdict(trust.json_in(root, ("probes", name), VERDICT_MAX_BYTES, then="probing again"))
+        found = _stored(name)  # another process may have probed while this one waited
         if found is not None:
-            return found[0], f"{found[1]} (probed earlier, {root / 'probes' / name})"
+            return found
         ok, detail = probe()
         try:
             with state_dir("probes", create=True) as (fd, _):

@@ -60,3 +60,22 @@ def test_another_nvrtc_library_is_another_key(tmp_path):
     other = _lookup(tmp_path / "c", ours, python=str(venv / "bin" / "python"))
     assert plain[2] != other[2] and str(copy) in other[2], (plain, other)
     assert other[0] == "built" and plain[1] != other[1]
+
+
+_VERDICT = """
+import sys
+from fused_ar.jit.verdicts import remembered
+print(remembered("k", lambda: (True, "probed now"))[1].split(" (")[0], "filelock", "filelock" in sys.modules)
+"""
+
+
+def test_a_remembered_verdict_is_read_without_a_lock(tmp_path):
+    """The peer probe's verdict (every Communicator reads it) comes without the lock once stored: a reader
+    imports no filelock; the first, which probes, does."""
+    env = dict(os.environ, FUSED_AR_CACHE_DIR=str(tmp_path / "c"), FUSED_AR_LOCK_DIR=str(tmp_path / "l"),
+               PYTHONPATH=str(REPO))
+    runs = [subprocess.run([sys.executable, "-c", _VERDICT], capture_output=True, text=True, env=env, timeout=120)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[0].stdout.split() == ["probed", "now", "filelock", "True"], runs[0].stdout
+    assert runs[1].stdout.split() == ["probed", "now", "filelock", "False"], runs[1].stdout
