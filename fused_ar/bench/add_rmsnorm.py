@@ -100,8 +100,8 @@ def _compile_cost(dtype: Any) -> dict[str, float]:
 
 def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[tuple[int, int, int, float]]:
     """Every block size at a few m: the data behind the policy in kernels.add_rmsnorm_block."""
-    from ..jit.kernels import add_rmsnorm_short_rows, kernel_def
-    from ..device.launch import launch, spec_for
+    from ..jit.kernels import add_rmsnorm_short_rows
+    from ..device.launch import launch, named_args, spec_for
     from ..device.ops import MAX_GRID_BLOCKS
     from ..jit.spec import BLOCK_SIZES, DType, Op
 
@@ -114,11 +114,11 @@ def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[
             for block in BLOCK_SIZES:
                 short = add_rmsnorm_short_rows(n * x.element_size() // 16, block)
                 spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short)
-                values = {"out": out.data_ptr(), "residual_out": ro.data_ptr(), "x": x.data_ptr(),
-                          "residual": r.data_ptr(), "weight": w.data_ptr(), "rows": m, "cols": n, "eps": eps,
-                          "weight_offset": 0.0, "x_stride": n, "residual_stride": n, "out_stride": n,
-                          "residual_out_stride": n, "scales": 0, "group": 0, "scales_stride": 0}
-                args = tuple(values[name] for name, _ in kernel_def(Op.ADD_RMSNORM).params)
+                # the quantizing parameters (scales and their layout) stay 0: T output
+                args = named_args(spec, out=out.data_ptr(), residual_out=ro.data_ptr(), x=x.data_ptr(),
+                                  residual=r.data_ptr(), weight=w.data_ptr(), rows=m, cols=n, eps=eps,
+                                  weight_offset=0.0, x_stride=n, residual_stride=n, out_stride=n,
+                                  residual_out_stride=n)
                 out.fill_(float("nan"))
                 launch(spec, 0, min(m, MAX_GRID_BLOCKS), args)
                 assert not torch.isnan(out).any(), f"block {block} left outputs unwritten"
