@@ -324,3 +324,52 @@ def test_peers_missing_here_are_rows_that_say_so_and_torch_ones_run():
     table = _peer_table(rows, 4e12, {(4, 64): 0.25})
     assert table[2].startswith("| 4 x 64 | copy floor | 0.25 |") and "| 2.00 | 1.00 | 0.50 | 0.01 |" in table[3]
     assert "not installed" in table[4]
+
+
+def test_block_sweep_passes_every_kernel_parameter(monkeypatch):
+    """bench add_rmsnorm --sweep-blocks launches its kernels directly: the arguments it builds must be the
+    kernel's C parameters, all of them, typed (packed as a launch packs them), whatever parameters the
+    kernel gains. CPU tensors stand in for the GPU's; the stand-in launch writes out as the kernel would."""
+    import torch
+
+    from fused_ar.bench import add_rmsnorm as bench
+    from fused_ar.device import launch as launch_module
+    from fused_ar.jit.kernels import kernel_def
+    from fused_ar.jit.runtime import pack_args
+    from fused_ar.jit.spec import BLOCK_SIZES, KernelSpec
+
+    made: dict[int, torch.Tensor] = {}
+
+    class CpuTorch:
+        """torch, with tensors asked of "cuda" made on the CPU (and remembered by address)."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def randn(*shape, device=None, dtype=None):
+            return torch.randn(*shape, dtype=dtype)
+
+        @staticmethod
+        def empty_like(t):
+            out = torch.empty_like(t)
+            made[out.data_ptr()] = out
+            return out
+
+    launched = []
+
+    def launch(spec, device, grid, args):
+        pack_args(kernel_def(spec.op), args)  # raises on a missing, extra or mistyped argument
+        named = dict(zip((name for name, _ in kernel_def(spec.op).params), args))
+        made[named["out"]].zero_()
+        launched.append((spec.block, grid, named))
+
+    monkeypatch.setattr(launch_module, "spec_for", lambda op, dtype, device, block, **kw: KernelSpec(
+        op, dtype, "sm_90", block=block, **kw))
+    monkeypatch.setattr(launch_module, "launch", launch)
+    monkeypatch.setattr(bench, "_graph_time_us", lambda torch, fn: (fn(), 1.0)[1])
+    results = bench._block_sweep(CpuTorch(), torch.bfloat16, 1e-6, [64])
+    assert [block for _, _, block, _ in results] == list(BLOCK_SIZES) * 5
+    assert len(launched) == 2 * len(results)  # the checked launch, then the timed one
+    for _, _, named in launched:
+        assert named["cols"] == 64 and named["scales"] == 0 and named["global_scale"] == 0
