@@ -2,7 +2,7 @@
 (gloo group), rank 0 constructs under cProfile; the top of the profile by cumulative and by own time, and
 each CUDA driver call the constructions and closes make with its count and total time, on stdout:
 
-    python3 scripts/profile_startup.py [--replays 3]
+    PYTHONPATH=. python3 scripts/profile_startup.py [--replays 3]
 
 The first construction per boot runs the real peer probe; it is made once before the profiled ones.
 """
