@@ -8,11 +8,15 @@ and for the Autograd key, which skips autograd's fallback), one allocating two o
 bench/results/host_h100.md holds a run.
 """
 
+import sys
 import time
 
 import torch
 
 import fused_ar.torch_ops  # noqa: F401  (defines torch.ops.fused_ar.*)
+
+if not torch.cuda.is_available():
+    sys.exit(f"dispatch_cost.py needs a GPU; torch {torch.__version__} sees none")
 from fused_ar.device.ops import add_rmsnorm
 lib = torch.library.Library("dispatch_cost", "DEF")
 lib.define("f(Tensor x, Tensor? r, Tensor? w, float eps, float off=0.0) -> (Tensor, Tensor)")

@@ -78,6 +78,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replays", type=int, default=3)
     args = parser.parse_args()
+    if args.replays < 1:
+        parser.error(f"--replays {args.replays}: at least 1")
+    if not torch.cuda.is_available():
+        sys.exit(f"profile_startup.py needs a GPU; torch {torch.__version__} sees none")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(rank, args=(os.path.join(tmp, "store"), args.replays), nprocs=2)
