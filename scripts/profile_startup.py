@@ -63,10 +63,11 @@ def rank(i: int, store: str, replays: int) -> None:
         if i != 0:
             continue
         print(f"== construction {replay}: {ms:.1f} ms")
-        for key in ("cumulative", "tottime"):
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(28)
-            print(text.getvalue().split("\n", 6)[-1] if replay == replays - 1 else "", end="")
+        if replay == replays - 1:  # the last one's profile, by cumulative and by own time
+            for key in ("cumulative", "tottime"):
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(28)
+                print(text.getvalue().split("\n", 6)[-1], end="")
     if i == 0:
         print("== CUDA calls over all constructions (and closes): count, total ms")
         for name, times in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
