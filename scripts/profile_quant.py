@@ -1,9 +1,11 @@
 """Each add_rmsnorm output kind (bf16, FP8 static and per group, NVFP4, MXFP4; FlashInfer's static FP8 and
-bf16 kernels where importable) called three times on m x 8192 bf16 rows, for a profiler to read:
+bf16 kernels and Liger's bf16 kernel where importable) called three times on m x n bf16 rows, for a profiler
+to read:
 
     ncu --clock-control none --section InstructionStats --section WarpStateStats python3 scripts/profile_quant.py 1
 
-(bench/results/quant_h100/profile_m1.md). Takes m (default 1).
+(bench/results/quant_h100/profile_m1.md). Takes m (default 1) and n (default 8192); a third argument, a
+comma-separated list of kinds, runs only those.
 """
 
 from __future__ import annotations
@@ -36,11 +38,22 @@ def calls(m: int, n: int = 8192) -> dict[str, Callable[[], Any]]:
     q = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
     kinds["flashinfer static"] = lambda: fi.fused_add_rmsnorm_quant(q, x, r, w, static, 1e-6, enable_pdl=False)
     kinds["flashinfer bf16"] = lambda: fi.fused_add_rmsnorm(x, r, w, 1e-6, enable_pdl=False)
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+    except ImportError as e:
+        print("Liger not installed:", e)
+        return kinds
+    kinds["liger bf16"] = lambda: fused_add_rms_norm_forward(x, r, w, 1e-6, 0.0, "llama")
     return kinds
 
 
 def main() -> None:
-    for name, call in calls(int(sys.argv[1]) if len(sys.argv) > 1 else 1).items():
+    m = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 8192
+    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
+    for name, call in calls(m, n).items():
+        if only is not None and name not in only:
+            continue
         for _ in range(3):
             call()
         torch.cuda.synchronize()

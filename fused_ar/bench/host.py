@@ -6,7 +6,9 @@ Method: each call timed alone with perf_counter (the loop around it, the stream 
 local group and the synchronizations are outside the timing); 300 calls per run after 50 warm-up calls,
 the GPU never waited on inside a run; the median over 7 runs of the mean per call. Communicator ops run on
 a local group (N ranks in this process on GPU 0, each on its own stream), every rank calling each time;
-the figure is per rank call. `--profile` adds cProfile's top functions for the direct fused calls.
+the figure is per rank call. FP8 (float8_e4m3fn: static scale, per group of 128 where n allows) and NVFP4 rows sit beside their bf16
+counterparts. `--profile` adds cProfile's top functions for the direct fused calls, the allocating call and
+the torch.ops wrappers.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def bench_host(args: argparse.Namespace) -> int:
     import fused_ar.torch_ops  # noqa: F401  (defines torch.ops.fused_ar.*)
 
     from ..comm.communicator import Communicator
-    from ..device.ops import add_rmsnorm
+    from ..device.ops import add_rmsnorm, add_rmsnorm_fp4, add_rmsnorm_fp8
     from ..reference import prime_allocator
     from ..device.validate import require_gpu
 
@@ -91,6 +93,14 @@ def bench_host(args: argparse.Namespace) -> int:
     weight = torch.rand(n, device="cuda", dtype=dtype, generator=g) + 0.5
     outs = [(torch.empty_like(residual), torch.empty_like(residual), torch.empty_like(residual)) for _ in range(tp)]
     scratch = torch.empty_like(residual)
+    scale = torch.tensor([0.05], device="cuda", dtype=torch.float32)
+    global_scale = torch.tensor([448.0 * 6.0 / 4.0], device="cuda", dtype=torch.float32)
+    group = 128 if n % 128 == 0 else None
+    fp8_dtype = torch.float8_e4m3fn
+    q8 = [add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale, fp8_dtype=fp8_dtype)[0].clone()
+          for _ in range(tp)]
+    g8 = add_rmsnorm_fp8(xs[0], residual, weight, eps, group_size=group, fp8_dtype=fp8_dtype) if group else None
+    q4 = add_rmsnorm_fp4(xs[0], residual, weight, eps, global_scale=global_scale) if n % 16 == 0 else None
     comms = Communicator.local_group(tp, 0, max_bytes=max(1 << 20, xs[0].numel() * xs[0].element_size()))
     streams = [torch.cuda.Stream() for _ in comms]
     one = [torch.cuda.current_stream()]
@@ -104,7 +114,23 @@ def bench_host(args: argparse.Namespace) -> int:
             "`fused_ar.add_rmsnorm(..., out=, residual_out=)`":
                 lambda: add_rmsnorm(xs[0], residual, weight, eps, out=outs[0][0], residual_out=outs[0][1]),
             "`torch.ops.fused_ar.add_rmsnorm`": lambda: torch.ops.fused_ar.add_rmsnorm(xs[0], residual, weight, eps),
+            "`fused_ar.add_rmsnorm_fp8`, static scale (allocates outputs)":
+                lambda: add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale, fp8_dtype=fp8_dtype),
+            "`fused_ar.add_rmsnorm_fp8`, static scale, out= given":
+                lambda: add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale, fp8_dtype=fp8_dtype, out=q8[0],
+                                        residual_out=outs[0][1]),
+            "`torch.ops.fused_ar.add_rmsnorm_fp8`, static scale":
+                lambda: torch.ops.fused_ar.add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale,
+                                                           fp8_dtype=fp8_dtype),
         }
+        if g8 is not None:
+            local[f"`fused_ar.add_rmsnorm_fp8`, groups of {group}, out= given"] = lambda: add_rmsnorm_fp8(
+                xs[0], residual, weight, eps, group_size=group, fp8_dtype=fp8_dtype, out=g8[0],
+                residual_out=outs[0][1], scales_out=g8[2])
+        if q4 is not None:
+            local["`fused_ar.add_rmsnorm_fp4` (NVFP4), out= given"] = lambda: add_rmsnorm_fp4(
+                xs[0], residual, weight, eps, global_scale=global_scale, out=q4[0], residual_out=outs[0][1],
+                scales_out=q4[2])
         for name, call in local.items():
             rows.append((name, _time_rank_calls(torch, [call], one)))
         per_rank: dict[str, Callable[[int, Any], Callable[[], Any]]] = {
@@ -119,6 +145,12 @@ def bench_host(args: argparse.Namespace) -> int:
             "`torch.ops.fused_ar.allreduce_rmsnorm`": lambda r, c: lambda: torch.ops.fused_ar.allreduce_rmsnorm(
                 xs[r], residual, weight, eps, c.handle, "auto"),
             "`torch.ops.fused_ar.allreduce`": lambda r, c: lambda: torch.ops.fused_ar.allreduce(xs[r], c.handle, "auto"),
+            "`comm.allreduce_rmsnorm_fp8`, static scale, out= given, path auto":
+                lambda r, c: lambda: c.allreduce_rmsnorm_fp8(xs[r], residual, weight, eps, scale=scale,
+                                                             fp8_dtype=fp8_dtype, out=q8[r], residual_out=outs[r][1]),
+            "`torch.ops.fused_ar.allreduce_rmsnorm_fp8`, static scale":
+                lambda r, c: lambda: torch.ops.fused_ar.allreduce_rmsnorm_fp8(
+                    xs[r], residual, weight, eps, c.handle, "auto", scale=scale, fp8_dtype=fp8_dtype),
         }
         for name, make in per_rank.items():
             calls = [make(r, c) for r, c in enumerate(comms)]
@@ -130,6 +162,12 @@ def bench_host(args: argparse.Namespace) -> int:
             profiles["add_rmsnorm, out= given"] = _profile(torch, call, one, [call])
             calls = [per_rank["`comm.allreduce_rmsnorm`, out= given, path auto"](r, c) for r, c in enumerate(comms)]
             profiles["comm.allreduce_rmsnorm, out= given (rank 0)"] = _profile(torch, calls[0], streams, calls)
+            call = local["`fused_ar.add_rmsnorm` (allocates outputs)"]
+            profiles["add_rmsnorm, allocating"] = _profile(torch, call, one, [call])
+            call = local["`torch.ops.fused_ar.add_rmsnorm`"]
+            profiles["torch.ops.fused_ar.add_rmsnorm"] = _profile(torch, call, one, [call])
+            calls = [per_rank["`torch.ops.fused_ar.allreduce_rmsnorm`"](r, c) for r, c in enumerate(comms)]
+            profiles["torch.ops.fused_ar.allreduce_rmsnorm (rank 0)"] = _profile(torch, calls[0], streams, calls)
     finally:
         torch.cuda.synchronize()
         for c in comms:

@@ -105,3 +105,16 @@ def _one_gpu_snippets():
 def test_readme_snippet_runs_as_written(index, code):
     proc = _run("-c", code, timeout=300)
     assert proc.returncode == 0, f"README snippet {index}:\n{code}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+
+
+def test_bench_host_times_every_row_and_profiles(tmp_path):
+    proc = _run("-m", "fused_ar", "bench", "host", "--m", "8", "--hidden", "8192", "--tp", "2", "--profile",
+                "--out", str(tmp_path / "h"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (tmp_path / "h" / "host.md").read_text()
+    for row in ("`fused_ar.add_rmsnorm` (allocates outputs)", "`fused_ar.add_rmsnorm_fp8`, static scale, out= given",
+                "`fused_ar.add_rmsnorm_fp8`, groups of 128, out= given", "`fused_ar.add_rmsnorm_fp4` (NVFP4), out= given",
+                "`comm.allreduce_rmsnorm_fp8`, static scale, out= given, path auto",
+                "`torch.ops.fused_ar.allreduce_rmsnorm_fp8`, static scale"):
+        assert f"| {row} | " in table, row
+    assert table.count("## cProfile") == 5, table
