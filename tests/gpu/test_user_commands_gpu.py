@@ -112,8 +112,10 @@ def test_bench_host_times_every_row_and_profiles(tmp_path):
                 "--out", str(tmp_path / "h"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = (tmp_path / "h" / "host.md").read_text()
-    for row in ("`fused_ar.add_rmsnorm` (allocates outputs)", "`fused_ar.add_rmsnorm_fp8`, static scale, out= given",
-                "`fused_ar.add_rmsnorm_fp8`, groups of 128, out= given", "`fused_ar.add_rmsnorm_fp4` (NVFP4), out= given",
+    for row in ("`fused_ar.add_rmsnorm` (allocates outputs)",
+                "`fused_ar.add_rmsnorm_fp8`, static scale, out= given",
+                "`fused_ar.add_rmsnorm_fp8`, groups of 128, out= given",
+                "`fused_ar.add_rmsnorm_fp4` (NVFP4), out= given",
                 "`comm.allreduce_rmsnorm_fp8`, static scale, out= given, path auto",
                 "`torch.ops.fused_ar.allreduce_rmsnorm_fp8`, static scale"):
         assert f"| {row} | " in table, row
