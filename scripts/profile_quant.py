@@ -5,24 +5,27 @@ to read:
     ncu --clock-control none --section InstructionStats --section WarpStateStats python3 scripts/profile_quant.py 1
 
 (bench/results/quant_h100/profile_m1.md). Takes m (default 1) and n (default 8192); a third argument, a
-comma-separated list of kinds, runs only those.
+comma-separated list of kinds (bf16, static, group, nvfp4, mxfp4, flashinfer static, flashinfer bf16, liger
+bf16), runs only those.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, Callable
 
 import torch
 
 import fused_ar
+from fused_ar.bench.peers import NVFP4_GLOBAL_SCALE
 
 
 def calls(m: int, n: int = 8192) -> dict[str, Callable[[], Any]]:
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     r = torch.randn_like(x)
     w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-    global_scale, static = torch.tensor([20.0], device="cuda"), torch.tensor([0.05], device="cuda")
+    global_scale, static = torch.tensor([NVFP4_GLOBAL_SCALE], device="cuda"), torch.tensor([0.05], device="cuda")
     kinds: dict[str, Callable[[], Any]] = {
         "bf16": lambda: fused_ar.add_rmsnorm(x, r, w, 1e-6),
         "static": lambda: fused_ar.add_rmsnorm_fp8(x, r, w, 1e-6, scale=static),
@@ -47,13 +50,27 @@ def calls(m: int, n: int = 8192) -> dict[str, Callable[[], Any]]:
     return kinds
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number >= 1")
+    return int(text)
+
+
 def main() -> None:
-    m = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 8192
-    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
-    for name, call in calls(m, n).items():
-        if only is not None and name not in only:
-            continue
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("m", type=_positive, nargs="?", default=1)
+    parser.add_argument("n", type=_positive, nargs="?", default=8192)
+    parser.add_argument("kinds", nargs="?", default=None, help="comma-separated kinds to run (default: all)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(f"profile_quant.py needs a GPU; torch {torch.__version__} sees none")
+    kinds = calls(args.m, args.n)
+    only = kinds.keys() if args.kinds is None else args.kinds.split(",")
+    unknown = [k for k in only if k not in kinds]
+    if unknown:
+        sys.exit(f"profile_quant.py: unknown or unavailable kinds {unknown}; here: {', '.join(kinds)}")
+    for name in only:
+        call = kinds[name]
         for _ in range(3):
             call()
         torch.cuda.synchronize()
