@@ -121,8 +121,9 @@ FA_INLINE T fa_block_reduce_sum(T v) {
 }
 
 // The max over each aligned run of `lanes` consecutive lanes (a power of two up to the wave size, the same
-// in every lane of the wave), returned to every lane of the run. Every lane of the wave calls it together
-// (NVIDIA's shuffle names the whole warp, so the compiler adds no convergence checks).
+// in every lane of the wave) of an abs max (v >= 0, or a NaN with its sign clear), returned to every lane of
+// the run. Every lane of the wave calls it together (NVIDIA's shuffle names the whole warp, so the compiler
+// adds no convergence checks).
 // Max is exact whatever the order, so each lane may combine in its own order. AMD: after the pair and quad
 // steps every lane holds its quad's max, so the half-row mirror (lane i takes 7 - i) completes runs of 8
 // and the row mirror (15 - i) runs of 16; runs of 32 and 64 combine the rows' maxima read with readlane
@@ -144,7 +145,13 @@ FA_INLINE float fa_lanes_max(float v, int lanes) {
   }
   return v;
 #else
-  for (int offset = 1; offset < lanes; offset <<= 1) v = fa_max_op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+  // v is an abs max (non-negative or a NaN with its sign clear): an integer max of the bit patterns orders it
+  // as fa_max_op does, one instruction a step.
+  fa_u32 bits = fa_float_as_u32(v);
+  for (int offset = 1; offset < lanes; offset <<= 1) {
+    const fa_u32 other = __shfl_xor_sync(0xffffffffu, bits, offset);
+    bits = other > bits ? other : bits;
+  }
+  return fa_u32_as_float(bits);
 #endif
 }

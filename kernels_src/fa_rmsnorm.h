@@ -150,7 +150,13 @@ FA_INLINE void fa_normalized(const fa_pack_t& residual_out, const fa_wpack_t& we
 }
 
 // clamp(y * inv, -M, M) as FP8 codes (a NaN stays NaN: no fmin/fmax), stored as one access of a pack's bytes.
+// NVIDIA's hardware conversion (cvt.rn.satfinite) saturates to +-M itself, infinities too, and keeps a NaN a
+// NaN: the same codes as the clamp, so there the clamp is left to it.
+#if FA_FP8_HW && FA_NVIDIA
+FA_INLINE float fa_fp8_clamp(float v) { return v; }
+#else
 FA_INLINE float fa_fp8_clamp(float v) { return v < -FA_FP8_MAX ? -FA_FP8_MAX : (v > FA_FP8_MAX ? FA_FP8_MAX : v); }
+#endif
 
 FA_INLINE void fa_store_fp8_pack(fa_u8* row, int pack, const float (&y)[FA_PACK_ELEMS], float inv) {
 #if FA_PACK_ELEMS == 1
@@ -171,12 +177,16 @@ FA_INLINE void fa_store_fp8_pack(fa_u8* row, int pack, const float (&y)[FA_PACK_
 #endif
 }
 
-// max |y| of a pack (a NaN wins).
+// max |y| of a pack (a NaN wins). Non-negative floats order as their bit patterns, and a NaN's (sign cleared)
+// lie above infinity's: one integer max per element instead of a compare and a select.
 FA_INLINE float fa_abs_max(const float (&y)[FA_PACK_ELEMS]) {
-  float m = 0.0f;
+  fa_u32 m = 0u;
 #pragma unroll
-  for (int i = 0; i < FA_PACK_ELEMS; ++i) m = fa_max_op::apply(m, fa_abs(y[i]));
-  return m;
+  for (int i = 0; i < FA_PACK_ELEMS; ++i) {
+    const fa_u32 a = fa_float_as_u32(y[i]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  return fa_u32_as_float(m);
 }
 
 // y of one tail column (a row that is not a whole number of packs), from this thread's residual_out.
@@ -272,6 +282,11 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
       ws[k] = fa_load_wpack(io.weight, p);
     }
   }
+#if FA_QUANT == FA_QUANT_STATIC
+  // The division waits only for the scale's load, under the row's: after the reduction it would lengthen the
+  // serial tail that decode sizes pay in full.
+  const float static_inv = fa_div(1.0f, static_scale);
+#endif
   fa_norm_t sumsq = 0;
 #pragma unroll
   for (int k = 0; k < FA_REG_PACKS; ++k) {
@@ -427,10 +442,10 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   }
   const float scale = fa_fp8_scale(fa_block_reduce<FA_BLOCK, fa_max_op>(amax));
   if (tid == 0) io.scales[0] = scale;
-#else
-  const float scale = static_scale;
-#endif
   const float inv = fa_div(1.0f, scale);
+#else
+  const float inv = static_inv;
+#endif
   FA_EACH_Y({ fa_store_fp8_pack(io.out, p, y, inv); })
   if constexpr (Source::has_tail) {
     if (tail_col < cols) io.out[tail_col] = fa_fp8(fa_fp8_clamp(fa_tail_y(io, tail_col, inv_rms, offset) * inv));
