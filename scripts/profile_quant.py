@@ -1,12 +1,12 @@
-"""Each add_rmsnorm output kind (bf16, FP8 static and per group, NVFP4, MXFP4; FlashInfer's static FP8 and
-bf16 kernels and Liger's bf16 kernel where importable) called three times on m x n bf16 rows, for a profiler
+"""Each add_rmsnorm output kind (bf16, FP8 static and per group, NVFP4, MXFP4; FlashInfer's static FP8,
+per-group FP8 and bf16 kernels and Liger's bf16 kernel where importable) called three times on m x n bf16 rows, for a profiler
 to read:
 
     ncu --clock-control none --section InstructionStats --section WarpStateStats python3 scripts/profile_quant.py 1
 
 (bench/results/quant_h100/profile_m1.md). Takes m (default 1) and n (default 8192); a third argument, a
-comma-separated list of kinds (bf16, static, group, nvfp4, mxfp4, flashinfer static, flashinfer bf16, liger
-bf16), runs only those.
+comma-separated list of kinds (bf16, static, group, nvfp4, mxfp4, flashinfer static, flashinfer group,
+flashinfer bf16, liger bf16), runs only those.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ def calls(m: int, n: int = 8192) -> dict[str, Callable[[], Any]]:
         return kinds
     q = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
     kinds["flashinfer static"] = lambda: fi.fused_add_rmsnorm_quant(q, x, r, w, static, 1e-6, enable_pdl=False)
+    if n % 128 == 0:  # its 1 x 128 groups; scales column-major, rows padded to 4 (the layout it writes)
+        block_scales = torch.empty(n // 128, -(-m // 4) * 4, device="cuda")
+        normed = torch.empty_like(x)
+        kinds["flashinfer group"] = lambda: fi.fused_add_rmsnorm_fp8_block_quant(q, block_scales, normed, x, r, w, 1e-6,
+                                                                                enable_pdl=False)
     kinds["flashinfer bf16"] = lambda: fi.fused_add_rmsnorm(x, r, w, 1e-6, enable_pdl=False)
     try:
         from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
