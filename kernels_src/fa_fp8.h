@@ -1,8 +1,9 @@
 // fa_fp8.h: float -> FP8 E4M3, round to nearest even, for values clamped to +-M (docs/design.md section 1b;
-// NVIDIA's cvt.rn.satfinite saturates by itself, so there the caller leaves the clamp to it), in the two formats serving uses: E4M3FN (OCP: bias 7, max 448, NaN 0x7f/0xff, a -0) and
-// E4M3FNUZ (bias 8, max 240, NaN 0x80, no -0). Rendering defines FA_FP8_FNUZ (the format) and FA_FP8_HW
-// (1: the target converts this format in hardware: sm_89+ E4M3FN with cvt.rn.satfinite, gfx942 E4M3FNUZ
-// and gfx950 E4M3FN with v_cvt_pk_fp8_f32). Both ways give the same bits: the exact rounding below.
+// NVIDIA's cvt.rn.satfinite saturates by itself, so there the caller leaves the clamp to it), in the two
+// formats serving uses: E4M3FN (OCP: bias 7, max 448, NaN 0x7f/0xff, a -0) and E4M3FNUZ (bias 8, max 240,
+// NaN 0x80, no -0). Rendering defines FA_FP8_FNUZ (the format) and FA_FP8_HW (1: the target converts this
+// format in hardware: sm_89+ E4M3FN with cvt.rn.satfinite, gfx942 E4M3FNUZ and gfx950 E4M3FN with
+// v_cvt_pk_fp8_f32). Both ways give the same bits: the exact rounding below.
 #pragma once
 #include "fa_platform.h"
 
