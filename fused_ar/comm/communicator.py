@@ -367,9 +367,9 @@ class Communicator(SequenceParallel):
         try:
             key = (rmsnorm_key(x, residual, weight, out, residual_out), path, overrides(),
                    None if fp8 is None else quant_key(fp8), checked.__name__)
-        except AttributeError:  # not a tensor: the full checks say so
-            key = None
-        plan = self._plans.get(key)
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError):  # not a tensor, or an argument that cannot key: the full checks say so
+            key, plan = None, None
         if plan is not None and plain_eps(eps) and plain_offset(offset):
             inputs = call_inputs(plan, x, residual, weight, out, residual_out, *quant_pointers(fp8))
             if inputs is not None:
@@ -439,7 +439,7 @@ class Communicator(SequenceParallel):
         self.check()
         try:
             plan = self._plans.get((allreduce_key(x, out), path, overrides()))
-        except AttributeError:
+        except (AttributeError, TypeError):  # not a tensor, or a path that cannot key: the full checks say so
             plan = None
         if plan is None or not allreduce_pointers_ok(plan.x_bytes, x, out):
             plan = self._checked_allreduce(x, path, out)

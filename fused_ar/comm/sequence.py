@@ -228,9 +228,9 @@ class SequenceParallel:
         try:
             total = rows if rows is not None else out.shape[0] if out is not None else self.world_size * x.shape[0]
             key = ("all_gather", rmsnorm_key(x, None, None, out, None), total, path, overrides())
-        except (AttributeError, IndexError, TypeError):
-            key, total = None, rows
-        plan = self._plans.get(key)
+            plan = self._plans.get(key)
+        except (AttributeError, IndexError, TypeError):  # a value that cannot key: the full checks say what it is
+            key, total, plan = None, rows, None
         if plan is None or not self._gather_pointers_ok(plan, x, out):
             plan, total = self._checked_gather(key, x, rows, path, out)
         out = torch.empty((total, x.shape[1]), dtype=x.dtype, device=x.device) if out is None else out

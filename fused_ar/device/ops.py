@@ -80,9 +80,9 @@ def _plan(x: Any, residual: Any, weight: Any, eps: Any, offset: Any, out: Any, r
     try:
         key = (rmsnorm_key(x, residual, weight, out, residual_out), env.raw_values(PLAN_ENV),
                None if fp8 is None else quant_key(fp8))
-    except AttributeError:  # not a tensor: the full checks say so
-        key = None
-    plan = None if key is None else _plans.get(key)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):  # not a tensor, or an argument that cannot key: the full checks say so
+        key, plan = None, None
     if plan is not None and plain_eps(eps) and plain_offset(offset):
         inputs = call_inputs(plan, x, residual, weight, out, residual_out, *quant_pointers(fp8))
         if inputs is not None:
@@ -131,7 +131,7 @@ def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offs
         plan = _by_pack[(key, pack, in_place)] = AddRmsnormPlan(
             call, quant, layouts, x.device.index, pack, in_place, (x, residual, weight, None if fp8 else out,
                                                                    residual_out), q_tensors)
-    if pack == row_pack(itemsize, [0], strides):  # as aligned as the layout allows: the fast path's
+    if key is not None and pack == row_pack(itemsize, [0], strides):  # as aligned as the layout allows: the fast path's
         _plans[key] = plan
     return plan, call.eps, call.offset
 

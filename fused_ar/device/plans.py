@@ -105,14 +105,10 @@ def is_capturing() -> bool:
     return bool(check()) if check is not None else torch.cuda.is_current_stream_capturing()
 
 
-def _meta(t: Any) -> Optional[tuple]:
-    return None if t is None else (t.shape, t.dtype, t.stride(), t.device)
-
-
 def rmsnorm_key(x: Any, residual: Any, weight: Any, out: Any, residual_out: Any) -> tuple:
     """Everything an add + RMSNorm plan depends on in its tensors (AttributeError for a non-tensor: the
-    caller then runs the full checks, which say what is wrong). Spelled out, not through _meta: this runs on
-    every call and a Python call per tensor is a fifth of it."""
+    caller then runs the full checks, which say what is wrong). Spelled out, not through a helper per tensor:
+    this runs on every call and a Python call per tensor is a fifth of it."""
     return (x.shape, x.dtype, x.stride(), x.device,
             None if residual is None else (residual.shape, residual.dtype, residual.stride(), residual.device),
             None if weight is None else (weight.shape, weight.dtype, weight.stride(), weight.device),
@@ -168,9 +164,15 @@ def input_addresses(x: Any, residual: Any, weight: Any) -> tuple[int, int, int]:
 
 
 def quant_key(fp8: dict[str, Any]) -> tuple:
-    """What a quantized plan depends on beyond rmsnorm_key (`fp8`: the call's fp8_arguments or fp4_arguments)."""
-    return (_meta(fp8["scale"]), fp8["group_size"], str(fp8["fp8_dtype"]), _meta(fp8["scales"]), fp8["scales_format"],
-            fp8["scales_mn_major"], fp8["fp4"], fp8["swizzled"], _meta(fp8["global_scale"]))
+    """What a quantized plan depends on beyond rmsnorm_key (`fp8`: the call's fp8_arguments or fp4_arguments).
+    A static scale is `scales` itself, so the key holds whether one was given, not its layout twice; spelled
+    out, as rmsnorm_key is: this runs on every call."""
+    scales, global_scale = fp8["scales"], fp8["global_scale"]
+    return (fp8["scale"] is None, fp8["group_size"], str(fp8["fp8_dtype"]),
+            None if scales is None else (scales.shape, scales.dtype, scales.stride(), scales.device),
+            fp8["scales_format"], fp8["scales_mn_major"], fp8["fp4"], fp8["swizzled"],
+            None if global_scale is None else (global_scale.shape, global_scale.dtype, global_scale.stride(),
+                                               global_scale.device))
 
 
 def fp8_arguments(scale: Any, group_size: Any, fp8_dtype: Any, scales_format: Any, scales_mn_major: Any,
@@ -192,26 +194,26 @@ def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[in
                     out: Any, scales: Any, global_scale: Any = None) -> bool:
     """Per call, for quantized output: out's rows aligned to `q_align` bytes, and out's and the scales' spans
     (q_spans) disjoint from every other operand's (`inputs`: the x, residual, weight addresses, 0 for an
-    absent one; spans in rmsnorm_key's order as the plan recorded them; NVFP4's global scale, read)."""
+    absent one, whose span is then 0; spans in rmsnorm_key's order as the plan recorded them; NVFP4's global
+    scale, read). Straight-line comparisons: this runs on every call."""
     xp, rp, wp = inputs
-    others = [(xp, spans[0])]
+    xs, rs, ws, _, ros = spans
+    rop, gp, gs = (0 if residual_out is None else residual_out.data_ptr()), 0, 0
     if global_scale is not None:
-        others.append((global_scale.data_ptr(), 4))
-    if rp:
-        others.append((rp, spans[1]))
-    if wp:
-        others.append((wp, spans[2]))
-    if residual_out is not None:
-        others.append((residual_out.data_ptr(), spans[4]))
+        gp, gs = global_scale.data_ptr(), 4
+    op, os_ = 0, 0
     if out is not None:
-        op, size = out.data_ptr(), q_spans[0]
-        if op % q_align or any(not (op + size <= q or q + other <= op) for q, other in others):
+        op, os_ = out.data_ptr(), q_spans[0]
+        end = op + os_
+        if op % q_align or not ((end <= xp or xp + xs <= op) and (end <= rp or rp + rs <= op) and
+                                (end <= wp or wp + ws <= op) and (end <= rop or rop + ros <= op) and
+                                (end <= gp or gp + gs <= op)):
             return False
-        others.append((op, size))
     if scales is not None:
-        sp, size = scales.data_ptr(), q_spans[1]
-        if any(not (sp + size <= q or q + other <= sp) for q, other in others):
-            return False
+        sp = scales.data_ptr()
+        end = sp + q_spans[1]
+        return ((end <= xp or xp + xs <= sp) and (end <= rp or rp + rs <= sp) and (end <= wp or wp + ws <= sp) and
+                (end <= rop or rop + ros <= sp) and (end <= gp or gp + gs <= sp) and (end <= op or op + os_ <= sp))
     return True
 
 

@@ -157,6 +157,23 @@ def test_bad_fp4_arguments_are_refused(no_plan, kwargs, match):
         ops.add_rmsnorm_fp4(x[:, :200], None, None, global_scale=torch.ones(1))
 
 
+# Values the per-call plan key cannot hold (unhashable): the full checks still name them, never a TypeError.
+@pytest.mark.parametrize("op,kwargs,match", [
+    ("fp8", {"group_size": [128]}, r"group_size=\[128\]"),
+    ("fp8", {"group_size": 128, "scales_format": ["fp32"]}, r"scales_format=\['fp32'\]"),
+    ("fp8", {"group_size": 128, "scales_mn_major": [True]}, r"scales_mn_major=\[True\]"),
+    ("fp8", {"fp8_dtype": [torch.float8_e4m3fn]}, r"fp8_dtype=\[torch.float8_e4m3fn\]"),
+    ("fp8", {"weight_offset": [0.0]}, r"weight_offset=\[0.0\]"),
+    ("fp4", {"fp4_format": ["nvfp4"], "global_scale": torch.ones(1)}, r"fp4_format=\['nvfp4'\]"),
+    ("fp4", {"global_scale": torch.ones(1), "scales_swizzled": {}}, r"scales_swizzled=\{\}"),
+])
+def test_unhashable_arguments_are_input_errors(no_plan, op, kwargs, match):
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    call = ops.add_rmsnorm_fp8 if op == "fp8" else ops.add_rmsnorm_fp4
+    with pytest.raises(InputError, match=match):
+        call(x, x.clone(), None, **kwargs)
+
+
 def test_torch_op_fakes_take_keywords_and_left_out_defaults():
     """torch passes a traced op's arguments as the caller wrote them: keywords, defaults left out."""
     import fused_ar.torch_ops  # noqa: F401

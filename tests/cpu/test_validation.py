@@ -169,3 +169,51 @@ def test_no_gpu_is_one_line():
         pytest.skip("this machine has a GPU")
     with pytest.raises(NoGpuError, match="^fused_ar.Communicator needs a GPU, and torch .* sees none$"):
         require_gpu("fused_ar.Communicator")
+
+
+class _At:
+    """A stand-in operand for the per-call pointer checks: only its address is read."""
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def test_fp8_pointer_checks_match_the_byte_overlap_rule():
+    """fp8_pointers_ok (straight-line, run on every quantized call) passes exactly the calls whose quantized out
+    is aligned and whose out and scales share no byte with any other operand or each other: checked against
+    that rule over random layouts with absent operands, touching spans and exact overlaps."""
+    import random
+
+    from fused_ar.device.plans import fp8_pointers_ok
+
+    def apart(a, a_size, b, b_size):
+        return a_size == 0 or b_size == 0 or a + a_size <= b or b + b_size <= a
+
+    rng = random.Random(7)
+    seen = {True: 0, False: 0}
+    for _ in range(20000):
+        def place(absent_ok=True):
+            if absent_ok and rng.random() < 0.2:
+                return None
+            return rng.choice([0x1000, 0x1040, 0x1080, 0x10c0, 0x1100]) + rng.choice([0, 0, 1, 8, 16])
+        x, r, w, ro, out, sc, g = place(False), place(), place(), place(), place(), place(), place()
+        spans = (0x40, 0 if r is None else rng.choice([0x10, 0x40]), 0 if w is None else 0x20, 0,
+                 0 if ro is None else 0x40)
+        q_spans = (rng.choice([0x10, 0x40]), rng.choice([4, 0x10]))
+        q_align = rng.choice([1, 8])
+        operands = [(x, spans[0]), (r, spans[1]), (w, spans[2]), (ro, spans[4]), (g, 4)]
+        want = True
+        if out is not None:
+            want = out % q_align == 0 and all(apart(out, q_spans[0], a, s) for a, s in operands if a is not None)
+            operands.append((out, q_spans[0]))
+        if sc is not None and want:
+            want = all(apart(sc, q_spans[1], a, s) for a, s in operands if a is not None)
+        got = fp8_pointers_ok(spans, q_spans, q_align, (x, r or 0, w or 0), None if ro is None else _At(ro),
+                              None if out is None else _At(out), None if sc is None else _At(sc),
+                              None if g is None else _At(g))
+        assert got == want, (x, r, w, ro, out, sc, g, spans, q_spans, q_align)
+        seen[got] += 1
+    assert min(seen.values()) > 1000, seen  # both outcomes well covered

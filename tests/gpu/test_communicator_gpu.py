@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fused_ar import Communicator
+from fused_ar.errors import InputError
 from fused_ar.comm.report import describe_error
 from tests.reference import allreduce_reference, assert_rmsnorm_matches, prime_allocator
 
@@ -126,6 +127,14 @@ def test_m_zero_and_errors(group):
     assert comms[0].allreduce(x).shape == (0, 4096)
     with pytest.raises(ValueError, match="path="):
         comms[0].allreduce(torch.ones(64, device="cuda"), path="3stage")
+    # values the per-call plan key cannot hold: the full checks name them (an InputError, never a TypeError)
+    x = torch.ones(4, 4096, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match=r"path=\['auto'\]"):
+        comms[0].allreduce(x, path=["auto"])
+    with pytest.raises(InputError, match=r"path=\['auto'\]"):
+        comms[0].allreduce_rmsnorm(x, x.clone(), None, path=["auto"])
+    with pytest.raises(InputError, match=r"group_size=\[128\]"):
+        comms[0].allreduce_rmsnorm_fp8(x, x.clone(), None, group_size=[128])
 
 
 def test_create_close_50_times_without_growth():

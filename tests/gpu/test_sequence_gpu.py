@@ -167,3 +167,8 @@ def test_bad_shapes_are_refused_by_name(group):
         c.reduce_scatter_rmsnorm(x, None, None, path="2stage")
     with pytest.raises(InputError, match="rows=-1"):
         c.all_gather(x[:0], -1)
+    # values the per-call plan key cannot hold: named by the full checks, never a TypeError
+    with pytest.raises(InputError, match=r"path=\['auto'\]"):
+        c.all_gather(x, path=["auto"])
+    with pytest.raises(InputError, match=r"path=\['auto'\]"):
+        c.reduce_scatter_rmsnorm(x, None, None, path=["auto"])
