@@ -1,6 +1,6 @@
 """Each add_rmsnorm output kind (bf16, FP8 static and per group, NVFP4, MXFP4; FlashInfer's static FP8,
-per-group FP8 and bf16 kernels and Liger's bf16 kernel where importable) called three times on m x n bf16 rows, for a profiler
-to read:
+per-group FP8 and bf16 kernels and Liger's bf16 kernel where importable) called three times on m x n bf16
+rows, for a profiler to read:
 
     ncu --clock-control none --section InstructionStats --section WarpStateStats python3 scripts/profile_quant.py 1
 
@@ -40,7 +40,9 @@ def calls(m: int, n: int = 8192) -> dict[str, Callable[[], Any]]:
         return kinds
     q = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
     kinds["flashinfer static"] = lambda: fi.fused_add_rmsnorm_quant(q, x, r, w, static, 1e-6, enable_pdl=False)
-    if n % 128 == 0:  # its 1 x 128 groups; scales column-major, rows padded to 4 (the layout it writes)
+    # its kernel covers a row with whole warps of 8-element packs (16 over 8192 columns) and refuses other n;
+    # its scales are column-major, rows padded to 4 (the layout it writes)
+    if n <= 16384 and n % (32 * (8 if n <= 8192 else 16)) == 0:
         block_scales = torch.empty(n // 128, -(-m // 4) * 4, device="cuda")
         normed = torch.empty_like(x)
         kinds["flashinfer group"] = lambda: fi.fused_add_rmsnorm_fp8_block_quant(q, block_scales, normed, x, r, w, 1e-6,
