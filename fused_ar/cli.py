@@ -162,6 +162,12 @@ def _sizes(text: str) -> list[int]:
     return sorted(sizes)
 
 
+def _peers(text: str) -> tuple[str, ...]:
+    from .bench.peers import parse_peers
+
+    return parse_peers(text)
+
+
 def _paths(text: str) -> list[str]:
     from .bench.paths import parse_paths
 
@@ -471,13 +477,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # Options of one benchmark only: given to another, they would be silently ignored.
-_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "fp8": "add_rmsnorm", "profile": "host",
+_BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "fp8": "add_rmsnorm", "peers": "add_rmsnorm",
+               "profile": "host",
                "paths": "allreduce_rmsnorm", "write_thresholds": "allreduce_rmsnorm", "one_process": "allreduce_rmsnorm"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     for option, what in _BENCH_ONLY.items():
-        if getattr(args, option) and args.what != what:
+        if getattr(args, option) not in (None, False) and args.what != what:  # given (--peers none is ())
             fail(f"--{option.replace('_', '-')} with bench {args.what}: only bench {what} takes it")
     if args.write_thresholds and args.one_process:
         fail("--write-thresholds with --one-process: thresholds come from one process per GPU; an emulation "
@@ -501,12 +508,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return bench_host(args)
     if args.what == "add_rmsnorm":
         from .bench.add_rmsnorm import bench_add_rmsnorm
+        from .bench.peers import PEER_KINDS
 
         if len(args.dtype) != 1:
             fail(f"dtype {','.join(d.value for d in args.dtype)}: bench add_rmsnorm takes one")
         return bench_add_rmsnorm(argparse.Namespace(
             dtype=args.dtype[0], hidden=args.hidden or [4096, 8192], out=args.out, sweep_blocks=args.sweep_blocks,
-            variants=args.variants, fp8=args.fp8,
+            variants=args.variants, fp8=args.fp8, peers=tuple(PEER_KINDS) if args.peers is None else args.peers,
             m=args.m or [1, 4, 16, 64, 256, 1024, 4096, 16384]))
     from .bench.paths import DEFAULT_PATHS
     from .bench.sweep import run_sweep
@@ -628,6 +636,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add_rmsnorm: also time strided rows, an fp32 weight and in place against contiguous")
     p.add_argument("--fp8", action="store_true",
                    help="add_rmsnorm: also FP8 output (static, per-row and per-group scales) against the peers")
+    from .bench.peers import PEER_KINDS
+
+    p.add_argument("--peers", type=_type("peers", _peers), default=None,
+                   help=f"add_rmsnorm: the peers timed beside ours, comma-separated from {', '.join(PEER_KINDS)}; "
+                        "all (default) or none")
     p.add_argument("--profile", action="store_true", help="host: add cProfile's top functions of the fused calls")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from .peers import NVFP4_GLOBAL_SCALE, Peer, fp8_peers, t_peers
+from .peers import NVFP4_GLOBAL_SCALE, PEER_KINDS, Peer, fp8_peers, selected, t_peers
 from .results import publish
 
 CALLS_PER_GRAPH = 20
@@ -331,7 +331,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
             setattr(torch._dynamo.config, knob, 1024)
     rows, fp8_rows, floors, fp8_floors = [], [], {}, {}
     size = args.dtype.itemsize
-    entries = _ours(torch, None) + t_peers(torch)
+    peers = getattr(args, "peers", tuple(PEER_KINDS))
+    entries = _ours(torch, None) + selected(t_peers(torch), peers)
     for n in args.hidden:
         for m in args.m:
             nbytes = (4 * m * n + n) * size  # x, residual read; out, residual_out written; the weight
@@ -344,7 +345,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         for mode, group in FP8_MODES + LOW_BIT_MODES:
             scale = torch.tensor([NVFP4_GLOBAL_SCALE if mode == "nvfp4" else 0.05], device="cuda")
             fp8 = (mode, group, scale, fmt, big)
-            entries = _ours(torch, fp8) + fp8_peers(torch, mode, group, scale, fmt, big)
+            entries = _ours(torch, fp8) + selected(fp8_peers(torch, mode, group, scale, fmt, big), peers)
             for n in (n for n in args.hidden if group is None or n % group == 0):
                 for m in args.m:
                     nbytes = (3 * m * n + n) * size + _out_bytes(mode, m, n, group)
@@ -364,7 +365,8 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
              f"Command: `python -m fused_ar bench add_rmsnorm --dtype {args.dtype.value} --hidden "
              f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}"
              f"{' --fp8' if args.fp8 else ''}{' --sweep-blocks' if args.sweep_blocks else ''}"
-             f"{' --variants' if args.variants else ''}`",
+             f"{' --variants' if args.variants else ''}"
+             f"{'' if peers == tuple(PEER_KINDS) else ' --peers ' + (','.join(peers) or 'none')}`",
              f"torch {torch.__version__}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; every "
              f"kernel in place, a graph of {CALLS_PER_GRAPH} calls each, the {REPLAYS} replays of a shape's kernels "
              "taken in turn, median per call. time / ours: over 1, ours is faster. Max error: of out against "

@@ -77,6 +77,26 @@ def t_peers(torch: Any) -> list[Peer]:
     return peers
 
 
+# `bench add_rmsnorm --peers`: each selectable peer by the start of its rows' names.
+PEER_KINDS = {"flashinfer": "FlashInfer", "liger": "Liger", "compile": "torch.compile", "eager": "torch eager"}
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    """`--peers`: a comma-separated list of PEER_KINDS, "all" or "none" (ValueError naming the choices)."""
+    if text in ("all", "none"):
+        return tuple(PEER_KINDS) if text == "all" else ()
+    items = text.split(",")
+    unknown = [item for item in items if item not in PEER_KINDS]
+    if not text or unknown:
+        raise ValueError(f"must be all, none or a comma-separated list of {', '.join(PEER_KINDS)}")
+    return tuple(dict.fromkeys(items))
+
+
+def selected(peers: list[Peer], kinds: tuple[str, ...]) -> list[Peer]:
+    """The peers of the given PEER_KINDS, in their order (an unselected peer has no row at all)."""
+    return [p for p in peers if any(p.name.startswith(PEER_KINDS[k]) for k in kinds)]
+
+
 # The benches' NVFP4 global scale: block scales of unit-RMS rows well inside E4M3's normal range.
 NVFP4_GLOBAL_SCALE = 20.0
 

@@ -224,7 +224,8 @@ def test_probe_without_a_gpu_says_so_in_one_line(capsys):
 @pytest.mark.parametrize("argv, option, what", [
     (["bench", "--profile"], "--profile", "allreduce_rmsnorm"),
     (["bench", "host", "--variants"], "--variants", "host"),
-    (["bench", "fp8", "--sweep-blocks"], "--sweep-blocks", "fp8")])
+    (["bench", "fp8", "--sweep-blocks"], "--sweep-blocks", "fp8"),
+    (["bench", "host", "--peers", "none"], "--peers", "host")])
 def test_an_option_of_another_bench_is_refused(argv, option, what, capsys):
     from fused_ar.cli import main
 
@@ -373,3 +374,33 @@ def test_block_sweep_passes_every_kernel_parameter(monkeypatch):
     assert len(launched) == 2 * len(results)  # the checked launch, then the timed one
     for _, _, named in launched:
         assert named["cols"] == 64 and named["scales"] == 0 and named["global_scale"] == 0
+
+
+@pytest.mark.parametrize("text", ["foo", "liger,,eager", "", "all,liger", "FlashInfer"])
+def test_bench_peers_option_names_its_choices(text, capsys):
+    from fused_ar.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "add_rmsnorm", "--peers", text])
+    assert exit_.value.code == 2
+    assert f"peers {text!r}: must be all, none or a comma-separated list of flashinfer, liger, compile, eager" in \
+        capsys.readouterr().err
+
+
+def test_bench_peers_selects_rows_by_kind():
+    """--peers keeps exactly the chosen peers' rows (installed or not), in the bench's order, for T and FP8."""
+    import torch
+
+    from fused_ar.bench.peers import fp8_peers, parse_peers, selected, t_peers
+
+    names = [p.name for p in t_peers(torch)]
+    assert [p.name for p in selected(t_peers(torch), parse_peers("all"))] == names
+    assert selected(t_peers(torch), parse_peers("none")) == []
+    assert [p.name for p in selected(t_peers(torch), parse_peers("eager,liger"))] == \
+        ["Liger fused add + RMSNorm", "torch eager"]
+    assert [p.name for p in selected(t_peers(torch), parse_peers("flashinfer"))] == \
+        ["FlashInfer fused_add_rmsnorm, PDL on", "FlashInfer fused_add_rmsnorm, PDL off"]
+    static = fp8_peers(torch, "static", None, torch.ones(1), torch.float8_e4m3fn, 448.0)
+    assert [p.name for p in selected(static, parse_peers("compile"))] == ["torch.compile"]
+    assert parse_peers("liger,liger") == ("liger",)
+

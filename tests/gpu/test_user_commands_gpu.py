@@ -95,6 +95,19 @@ def test_bench_add_rmsnorm_with_its_options(tmp_path):
     assert (tmp_path / "n" / "add_rmsnorm.json").is_file()
 
 
+def test_bench_add_rmsnorm_peers_filter(tmp_path):
+    """--peers none times ours alone (the quick A/B of two kernel sources); --peers eager keeps eager's rows."""
+    for peers, kept, gone in (("none", (), ("torch eager", "torch.compile", "FlashInfer", "Liger")),
+                              ("eager", ("torch eager",), ("torch.compile", "FlashInfer", "Liger"))):
+        proc = _run("-m", "fused_ar", "bench", "add_rmsnorm", "--hidden", "4096", "--m", "1", "--fp8", "--peers", peers,
+                    "--out", str(tmp_path / peers))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        table = (tmp_path / peers / "add_rmsnorm.md").read_text()
+        assert f"--fp8 --peers {peers}`" in table and "| 1 x 4096 | fused_ar |" in table
+        assert all(f"| 1 x 4096 | {row}" in table for row in kept)
+        assert not any(f"| 1 x 4096 | {row}" in table for row in gone), table
+
+
 def _one_gpu_snippets():
     from tests.readme_snippets import runs_on_one_gpu, snippets
 
