@@ -478,8 +478,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # Options of one benchmark only: given to another, they would be silently ignored.
 _BENCH_ONLY = {"sweep_blocks": "add_rmsnorm", "variants": "add_rmsnorm", "fp8": "add_rmsnorm", "peers": "add_rmsnorm",
-               "profile": "host",
-               "paths": "allreduce_rmsnorm", "write_thresholds": "allreduce_rmsnorm", "one_process": "allreduce_rmsnorm"}
+               "profile": "host", "paths": "allreduce_rmsnorm", "write_thresholds": "allreduce_rmsnorm",
+               "one_process": "allreduce_rmsnorm"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -636,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add_rmsnorm: also time strided rows, an fp32 weight and in place against contiguous")
     p.add_argument("--fp8", action="store_true",
                    help="add_rmsnorm: also FP8 output (static, per-row and per-group scales) against the peers")
-    from .bench.peers import PEER_KINDS
+    from .bench.peers import PEER_KINDS  # a small module (no torch): the help lists the peers from their table
 
     p.add_argument("--peers", type=_type("peers", _peers), default=None,
                    help=f"add_rmsnorm: the peers timed beside ours, comma-separated from {', '.join(PEER_KINDS)}; "

@@ -403,4 +403,3 @@ def test_bench_peers_selects_rows_by_kind():
     static = fp8_peers(torch, "static", None, torch.ones(1), torch.float8_e4m3fn, 448.0)
     assert [p.name for p in selected(static, parse_peers("compile"))] == ["torch.compile"]
     assert parse_peers("liger,liger") == ("liger",)
-
