@@ -115,9 +115,28 @@ FA_INLINE T fa_block_reduce(T v) {
   }
 }
 
-template <int BLOCK, typename T>
-FA_INLINE T fa_block_reduce_sum(T v) {
-  return fa_block_reduce<BLOCK, fa_sum_op>(v);
+// The sum over the block of K values a thread, value k of thread t standing for item t + k * BLOCK of a row
+// (a pack): each wave sums each of its K values, and the waves' sums, at slot k * (BLOCK / wave size) + wave
+// (the item's own wave: item / wave size), are summed as one wave (slots no item reaches add zeros). So the
+// order is that of the items alone: a row of at most K * BLOCK items gets the same bits from any BLOCK and K.
+// Every thread of the block must call it; all get the same bits.
+template <int BLOCK, int K, typename T>
+FA_INLINE T fa_block_reduce_items_sum(const T (&v)[K]) {
+  constexpr int kWaves = BLOCK / FA_WAVE_SIZE;
+  static_assert(BLOCK % FA_WAVE_SIZE == 0, "block size must be a whole number of waves");
+  static_assert(K * kWaves <= FA_WAVE_SIZE, "one wave must be able to hold every item wave's sum");
+  T waves[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) waves[k] = fa_wave_reduce_sum(v[k]);
+  __shared__ T partial[K * kWaves];
+  if (fa_lane() == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) partial[k * kWaves + fa_wave_id()] = waves[k];
+  }
+  fa_sync_block();  // every wave's sums are in LDS before any wave reads them
+  const T t = fa_lane() < K * kWaves ? partial[fa_lane()] : T(0);
+  fa_sync_block();  // every read is done before a later call (the next row) overwrites partial[]
+  return fa_wave_reduce_sum(t);
 }
 
 // The max over each aligned run of `lanes` consecutive lanes (a power of two up to the wave size, the same

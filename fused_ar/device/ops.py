@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..jit.kernels import FP8_MAX_BLOCK, add_rmsnorm_kernel, group_in_lanes
+from ..jit.kernels import add_rmsnorm_kernel, group_in_lanes
 from .launch import arch_of, spec_for
 from .. import env
 from .plans import (PLAN_ENV, LaunchPlan, call_inputs, fp4_arguments, fp8_arguments, input_addresses, plain_eps,
@@ -39,7 +39,6 @@ class AddRmsnormPlan(LaunchPlan):
         if quant is None:
             variant = {"short_rows": short_rows}
         else:  # the T call's block and packs per thread: the same sum order, so the codes quantize its out exactly
-            block = min(block, FP8_MAX_BLOCK)
             if quant.kind.per_group and not group_in_lanes(quant.group, pack // dtype.itemsize):
                 short_rows = False  # the same sum order with more registers: the shared-memory amax fits there
             variant = {"quant": quant.kind, "fp8": quant.fmt, "short_rows": short_rows}

@@ -73,18 +73,12 @@ def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[i
     return specs
 
 
-# FP8 output keeps each thread's packs across an extra pass (amax, then quantize): at 1024 threads (64
-# registers a thread on sm_90) the per-group kernel spills even with one register pack (ptxas -v), so FP8
-# kernels stop at 512.
-FP8_MAX_BLOCK = 512
-
-
 def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
-    """An RMSNorm spec's quantized outputs (blocks up to FP8_MAX_BLOCK): FP8 with each kind of scale in both
-    formats, the power-of-two group scales (fp32 and UE8M0) in E4M3FN, the format of the block-FP8 GEMMs that
-    read them (in E4M3FNUZ they compile on first use), and FP4 (NVFP4 both scale layouts, MXFP4 each rounding)
-    for 16-byte packs."""
-    if spec.op.value not in RMSNORM_OPS or spec.block > FP8_MAX_BLOCK:
+    """An RMSNorm spec's quantized outputs, at every block (a quantized call takes its T call's): FP8 with each
+    kind of scale in both formats, the power-of-two group scales (fp32 and UE8M0) in E4M3FN, the format of the
+    block-FP8 GEMMs that read them (in E4M3FNUZ they compile on first use), and FP4 (NVFP4 both scale layouts,
+    MXFP4 each rounding) for 16-byte packs."""
+    if spec.op.value not in RMSNORM_OPS:
         return []
     return [replace(spec, quant=q, fp8=f) for q in (Quant.STATIC, Quant.TOKEN, Quant.GROUP) for f in Fp8Format] + \
         [replace(spec, quant=q, fp8=Fp8Format.E4M3FN) for q in (Quant.GROUP_POW2, Quant.GROUP_UE8M0)] + \
@@ -103,8 +97,6 @@ def check_specs(arch: str) -> list[KernelSpec]:
             short.append(spec)
             continue
         for key in ((spec.op, spec.dtype, False), (spec.op, spec.dtype, True)):  # True: an FP8 block
-            if key[2] and spec.block > FP8_MAX_BLOCK:
-                continue
             if key not in widest or spec.block > widest[key].block:
                 widest[key] = spec
     # The power-of-two and FP4 kinds differ from the per-group kind only in the row's epilogue: each short-row
@@ -240,8 +232,9 @@ def long_row_block(packs_per_row: int) -> int:
 
 def add_rmsnorm_block(packs_per_row: int) -> int:
     """Block size for an add_rmsnorm row of `packs_per_row` packs: short rows (SHORT_ROW_PACKS a thread) up
-    to SHORT_ROW_MAX_BLOCK threads, longer rows long_row_block. FP8 output takes the same block (at most
-    FP8_MAX_BLOCK): it quantizes the call's own T output, which the block's order of the row's sum fixes."""
+    to SHORT_ROW_MAX_BLOCK threads, longer rows long_row_block. Quantized output takes the same block: it
+    quantizes the call's own T output, whose bits the block's order of the row's sum fixes (the same order
+    whatever the packs a thread keep in registers: kernels_src/fa_rmsnorm.h)."""
     block = _fewest_threads(packs_per_row, SHORT_ROW_PACKS)
     if block <= SHORT_ROW_MAX_BLOCK and add_rmsnorm_short_rows(packs_per_row, block):
         return block

@@ -53,6 +53,42 @@ def test_rows_wider_than_registers(n, dtype):
     _check(x, r, w, 1e-5, out, ro)
 
 
+@pytest.mark.parametrize("dtype,n", [(d, n) for d in DTYPES[:2] for n in (1000, 4096, 4100, 8192)] +
+                         [(torch.float32, n) for n in (1002, 2048, 4096)], ids=str)
+def test_sum_order_is_the_packs_whatever_the_block(dtype, n):
+    """A row whose packs all sit in registers, at most kSums x block of them (kernels_src/fa_rmsnorm.h: the
+    wave size squared at most), sums its squares in the order of its packs: every block size and register
+    policy that holds it gives out the same bits, tail columns included (4100, 1002). That is what lets a quantized
+    call, whose kernel may keep other packs in registers, quantize its T call's out exactly."""
+    from fused_ar.device.launch import launch, named_args, spec_for
+    from fused_ar.jit.kernels import add_rmsnorm_reg_packs
+    from fused_ar.jit.spec import BLOCK_SIZES, DType, Op
+
+    m, wave = 5, 64 if torch.version.hip else 32
+    x, r, w = _inputs(m, n, dtype, seed=n + 17)
+    packs = n * x.element_size() // 16
+    results = {}
+    for block in BLOCK_SIZES:
+        for short in (True, False):
+            spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short)
+            reg = add_rmsnorm_reg_packs(spec)
+            sums = reg if reg * block <= wave * wave else wave * wave // block
+            if packs > sums * block:
+                continue  # packs past the partial sums: the order of this kernel's threads
+            out, ro = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+            launch(spec, 0, m, named_args(spec, out=out.data_ptr(), residual_out=ro.data_ptr(), x=x.data_ptr(),
+                                          residual=r.data_ptr(), weight=w.data_ptr(), rows=m, cols=n, eps=1e-6,
+                                          weight_offset=0.0, x_stride=n, residual_stride=n, out_stride=n,
+                                          residual_out_stride=n))
+            results[(block, short)] = (out, ro)
+    assert len(results) >= 3, f"only {sorted(results)} hold n={n} in registers"
+    (first, (out0, ro0)), *rest = results.items()
+    _check(x, r, w, 1e-6, out0, ro0)
+    for kernel, (out, ro) in rest:
+        assert torch.equal(ro, ro0), f"residual_out of {kernel} differs from {first}"
+        assert torch.equal(out, out0), f"{(out != out0).sum().item()} elements of out differ: {kernel} against {first}"
+
+
 def test_allocating_form_and_leading_dims():
     x, r, w = _inputs(6, 1024, torch.bfloat16, seed=7)
     out, ro = add_rmsnorm(x.view(2, 3, 1024), r.view(2, 3, 1024), w)
