@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..jit.kernels import add_rmsnorm_kernel, group_in_lanes
+from ..jit.kernels import add_rmsnorm_kernel, group_in_lanes, lane_epilogue_block
 from .launch import arch_of, spec_for
 from .. import env
 from .plans import (PLAN_ENV, LaunchPlan, call_inputs, fp4_arguments, fp8_arguments, input_addresses, plain_eps,
@@ -35,12 +35,15 @@ class AddRmsnormPlan(LaunchPlan):
     def __init__(self, call: RmsnormCall, quant: Optional[QuantCall], layouts: dict[str, RowsShape], device: int,
                  pack: int, in_place: bool, tensors: tuple, q_tensors: tuple = ()) -> None:
         rows, cols, dtype = call.x.rows, call.x.cols, call.x.dtype
-        block, short_rows = add_rmsnorm_kernel(-(-cols * dtype.itemsize // pack))
+        packs = -(-cols * dtype.itemsize // pack)
+        block, short_rows = add_rmsnorm_kernel(packs)
         if quant is None:
             variant = {"short_rows": short_rows}
-        else:  # the T call's block and packs per thread: the same sum order, so the codes quantize its out exactly
+        else:  # the T call's sum order (its block, or one pack a thread: kernels.py), so q quantizes its out exactly
             if quant.kind.per_group and not group_in_lanes(quant.group, pack // dtype.itemsize):
                 short_rows = False  # the same sum order with more registers: the shared-memory amax fits there
+            elif short_rows and (quant.kind.per_group or quant.kind.fp4):
+                block = lane_epilogue_block(packs, rows, block)
             variant = {"quant": quant.kind, "fp8": quant.fmt, "short_rows": short_rows}
         spec = spec_for(Op.ADD_RMSNORM, dtype, device, block, pack=pack, weight=call.weight,
                         residual=call.residual_stride is not None, inplace=in_place, **variant)

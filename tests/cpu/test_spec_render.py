@@ -136,3 +136,16 @@ def test_short_rows_policy_and_warm_matrix_agree(dtype, cols, block, short):
     assert allreduce_rmsnorm_block(packs) == min(long_row_block(packs), 512)
     spec = KernelSpec("add_rmsnorm", dtype, "sm_90", block=block, short_rows=short)
     assert spec in warm_matrix(["sm_90"], [DType.parse(dtype)], [1])
+
+
+def test_lane_epilogue_takes_one_pack_a_thread_only_for_few_short_rows():
+    """Per-group FP8 in lanes and FP4 at most ONE_PACK_MAX_ROWS rows: one pack a thread up to
+    SHORT_ROW_MAX_BLOCK threads (bf16 n = 4096: 512 threads for the T call's 256), else the T call's block."""
+    from fused_ar.jit.kernels import ONE_PACK_MAX_ROWS, SHORT_ROW_MAX_BLOCK, add_rmsnorm_kernel, lane_epilogue_block
+
+    for packs, t_block, one_pack in [(512, 256, 512), (257, 256, 512), (256, 256, 256), (8, 256, 256),
+                                     (1024, 512, 512), (640, 512, 512)]:
+        assert add_rmsnorm_kernel(packs) == (t_block, True)
+        assert lane_epilogue_block(packs, 1, t_block) == one_pack <= SHORT_ROW_MAX_BLOCK
+        assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS, t_block) == one_pack
+        assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS + 1, t_block) == t_block

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fused_ar import Communicator, add_rmsnorm, add_rmsnorm_fp8
+from fused_ar import Communicator, add_rmsnorm, add_rmsnorm_fp4, add_rmsnorm_fp8
 from tests.gpu.test_communicator_gpu import emulated_group, make_inputs, run_ranks, spawn_ranks
 from tests.reference import allreduce_reference, assert_rmsnorm_matches
 
@@ -185,7 +185,8 @@ def _placed(m, probe, filler):
     return batch, spots
 
 
-@pytest.mark.parametrize("variant", ["plain", "no_residual", "fp32_weight", "in_place", "fp8_per_token"])
+@pytest.mark.parametrize("variant", ["plain", "no_residual", "fp32_weight", "in_place", "fp8_per_token",
+                                     "fp8_per_group", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_local_rows_do_not_depend_on_the_batch(dtype, variant):
     n = 4096
@@ -199,9 +200,12 @@ def test_local_rows_do_not_depend_on_the_batch(dtype, variant):
         for m in BATCHES:
             x, spots = _placed(m, x_row, filler)
             r, _ = _placed(m, r_row, res_filler)
-            if variant == "fp8_per_token":
-                q, ro, scales = add_rmsnorm_fp8(x, r, weight, 1e-6)
-                rows = [(q[i].view(torch.uint8), ro[i], scales[i]) for i in spots]
+            if variant.startswith("fp8") or variant == "nvfp4":  # few rows take one pack a thread (kernels.py)
+                if variant == "nvfp4":
+                    q, ro, scales = add_rmsnorm_fp4(x, r, weight, 1e-6, global_scale=torch.ones(1, device="cuda"))
+                else:
+                    q, ro, scales = add_rmsnorm_fp8(x, r, weight, 1e-6, group_size=128 if "group" in variant else None)
+                rows = [(q[i].view(torch.uint8), ro[i], scales[i].view(torch.uint8)) for i in spots]
             elif variant == "in_place":
                 add_rmsnorm(x, r, weight, 1e-6, out=x, residual_out=r)
                 rows = [(x[i], r[i]) for i in spots]
