@@ -71,6 +71,7 @@ FA_INLINE double fa_sqrt(double x) { return __builtin_sqrt(x); }
 FA_INLINE float fa_rint(float x) { return __builtin_rintf(x); }  // nearest even
 FA_INLINE float fa_abs(float x) { return __builtin_fabsf(x); }
 FA_INLINE float fa_div(float a, float b) { return a / b; }      // IEEE: no fast-math flag is ever given
+FA_INLINE int fa_log2_pow2(int x) { return __builtin_ctz((unsigned)x); }  // x a power of two
 
 // Max of non-negative floats as their bit patterns (NaN's bits exceed every number's, so it wins), into LDS.
 FA_INLINE void fa_shared_max_u32(fa_u32* p, fa_u32 v) {
@@ -164,6 +165,7 @@ FA_INLINE double fa_sqrt(double x) { return sqrt(x); }
 FA_INLINE float fa_rint(float x) { return rintf(x); }  // nearest even
 FA_INLINE float fa_abs(float x) { return fabsf(x); }
 FA_INLINE float fa_div(float a, float b) { return __fdiv_rn(a, b); }  // IEEE, whatever the flags
+FA_INLINE int fa_log2_pow2(int x) { return __ffs(x) - 1; }  // x a power of two
 
 FA_INLINE void fa_shared_max_u32(fa_u32* p, fa_u32 v) { atomicMax(p, v); }
 

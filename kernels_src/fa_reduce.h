@@ -165,11 +165,13 @@ FA_INLINE float fa_lanes_max(float v, int lanes) {
   return v;
 #else
   // v is an abs max (non-negative or a NaN with its sign clear): an integer max of the bit patterns orders it
-  // as fa_max_op does, one instruction a step.
+  // as fa_max_op does, one instruction a step. Every step is taken and those past the run discarded: straight
+  // code that the compiler interleaves with the thread's other packs, where a loop bounded by `lanes` ran alone.
   fa_u32 bits = fa_float_as_u32(v);
-  for (int offset = 1; offset < lanes; offset <<= 1) {
+#pragma unroll
+  for (int offset = 1; offset < FA_WAVE_SIZE; offset <<= 1) {
     const fa_u32 other = __shfl_xor_sync(0xffffffffu, bits, offset);
-    bits = other > bits ? other : bits;
+    bits = offset < lanes && other > bits ? other : bits;
   }
   return fa_u32_as_float(bits);
 #endif

@@ -397,8 +397,7 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
     // One pass: the group's amax is a shuffle within its run of lanes (no shared memory, no barrier), and
     // each thread quantizes the y it holds. A power of two: the group of a pack is a shift (a division by
     // a runtime value would cost registers the short-row kernels do not have).
-    int shift = 0;
-    while ((1 << shift) < packs_per_group) ++shift;
+    const int shift = fa_log2_pow2(packs_per_group);
     FA_EACH_Y_CONVERGED({
       const float scale = fa_group_scale(fa_lanes_max(fa_abs_max(y), packs_per_group));
       if (valid) {
