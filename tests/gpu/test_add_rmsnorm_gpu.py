@@ -53,13 +53,13 @@ def test_rows_wider_than_registers(n, dtype):
     _check(x, r, w, 1e-5, out, ro)
 
 
-@pytest.mark.parametrize("dtype,n", [(d, n) for d in DTYPES[:2] for n in (1000, 4096, 4100, 8192)] +
-                         [(torch.float32, n) for n in (1002, 2048, 4096)], ids=str)
+@pytest.mark.parametrize("dtype,n", [(d, n) for d in DTYPES[:2] for n in (1000, 4100, 8192)] +
+                         [(torch.float32, n) for n in (1002, 4096)], ids=str)
 def test_sum_order_is_the_packs_whatever_the_block(dtype, n):
     """A row whose packs all sit in registers, at most kSums x block of them (kernels_src/fa_rmsnorm.h: the
     wave size squared at most), sums its squares in the order of its packs: every block size and register
-    policy that holds it gives out the same bits, tail columns included (4100, 1002). That is what lets a quantized
-    call, whose kernel may keep other packs in registers, quantize its T call's out exactly."""
+    policy that holds it gives out the same bits, tail columns included (4100, 1002). That is what lets a
+    quantized call, whose kernel may keep other packs in registers, quantize its T call's out exactly."""
     from fused_ar.device.launch import launch, named_args, spec_for
     from fused_ar.jit.kernels import add_rmsnorm_reg_packs
     from fused_ar.jit.spec import BLOCK_SIZES, DType, Op
