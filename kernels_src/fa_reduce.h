@@ -165,13 +165,11 @@ FA_INLINE float fa_lanes_max(float v, int lanes) {
   return v;
 #else
   // v is an abs max (non-negative or a NaN with its sign clear): an integer max of the bit patterns orders it
-  // as fa_max_op does, one instruction a step. Every step is taken and those past the run discarded: straight
-  // code that the compiler interleaves with the thread's other packs, where a loop bounded by `lanes` ran alone.
+  // as fa_max_op does, one instruction a step.
   fa_u32 bits = fa_float_as_u32(v);
-#pragma unroll
-  for (int offset = 1; offset < FA_WAVE_SIZE; offset <<= 1) {
+  for (int offset = 1; offset < lanes; offset <<= 1) {
     const fa_u32 other = __shfl_xor_sync(0xffffffffu, bits, offset);
-    bits = offset < lanes && other > bits ? other : bits;
+    bits = other > bits ? other : bits;
   }
   return fa_u32_as_float(bits);
 #endif
