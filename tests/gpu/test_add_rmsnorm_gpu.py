@@ -65,8 +65,11 @@ def test_sum_order_is_the_packs_whatever_the_block(dtype, n):
     from fused_ar.jit.spec import BLOCK_SIZES, DType, Op
 
     m, wave = 5, 64 if torch.version.hip else 32
-    x, r, w = _inputs(m, n, dtype, seed=n + 17)
-    packs = n * x.element_size() // 16
+    size = torch.tensor([], dtype=dtype).element_size()
+    pitch = -(-n * size // 16) * 16 // size  # rows 16-byte aligned, the tail columns inside them
+    x, r, w = _inputs(m, pitch, dtype, seed=n + 17)
+    x, r, w = x[:, :n], r[:, :n], w[:n]
+    packs = n * size // 16
     results = {}
     for block in BLOCK_SIZES:
         for short in (True, False):
@@ -75,11 +78,11 @@ def test_sum_order_is_the_packs_whatever_the_block(dtype, n):
             sums = reg if reg * block <= wave * wave else wave * wave // block
             if packs > sums * block:
                 continue  # packs past the partial sums: the order of this kernel's threads
-            out, ro = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+            out, ro = (torch.full((m, pitch), float("nan"), device="cuda", dtype=dtype)[:, :n] for _ in range(2))
             launch(spec, 0, m, named_args(spec, out=out.data_ptr(), residual_out=ro.data_ptr(), x=x.data_ptr(),
                                           residual=r.data_ptr(), weight=w.data_ptr(), rows=m, cols=n, eps=1e-6,
-                                          weight_offset=0.0, x_stride=n, residual_stride=n, out_stride=n,
-                                          residual_out_stride=n))
+                                          weight_offset=0.0, x_stride=pitch, residual_stride=pitch,
+                                          out_stride=pitch, residual_out_stride=pitch))
             results[(block, short)] = (out, ro)
     assert len(results) >= 3, f"only {sorted(results)} hold n={n} in registers"
     (first, (out0, ro0)), *rest = results.items()
