@@ -228,9 +228,9 @@ def add_rmsnorm_kernel(packs_per_row: int) -> tuple[int, bool]:
 # pack (amax, shuffles, two divisions, scale store). At most ONE_PACK_MAX_ROWS rows (each block alone on an SM,
 # the chain its time) a short row that fits SHORT_ROW_MAX_BLOCK threads one pack a thread takes them: the same
 # bits (the row sums in the order of its packs: fa_block_reduce_items_sum), half the chain. H100, bf16 1 x 4096,
-# 512 threads against 256: groups of 128 2.33 us against 2.63, NVFP4 2.47 against 2.68, UE8M0 groups 2.54
-# against 2.72; T output and static or per-token FP8 lose 0.1 us that way, and at 1024 threads (n = 8192) the
-# per-group kernel gains nothing (3.07 against 3.04).
+# 512 threads against 256 (bench/results/peers_h100/sum_order_ab.md): groups of 128 2.33 us against 2.62, NVFP4
+# 2.47 against 2.67, UE8M0 groups 2.54 against 2.71; T output and static or per-token FP8 lose 0.1 us that way,
+# and at 1024 threads (n = 8192) the per-group kernel gains nothing (3.07 against 3.04).
 ONE_PACK_MAX_ROWS = 64
 
 
