@@ -249,9 +249,9 @@ def long_row_block(packs_per_row: int) -> int:
 
 def add_rmsnorm_block(packs_per_row: int) -> int:
     """Block size for an add_rmsnorm row of `packs_per_row` packs: short rows (SHORT_ROW_PACKS a thread) up
-    to SHORT_ROW_MAX_BLOCK threads, longer rows long_row_block. Quantized output takes the same block: it
-    quantizes the call's own T output, whose bits the block's order of the row's sum fixes (the same order
-    whatever the packs a thread keep in registers: kernels_src/fa_rmsnorm.h)."""
+    to SHORT_ROW_MAX_BLOCK threads, longer rows long_row_block. Quantized output takes the same block (or,
+    lane_epilogue_block, one pack a thread): it quantizes the call's own T output, whose bits the row's sum
+    order fixes, the order of its packs whatever the block and the packs a thread (kernels_src/fa_rmsnorm.h)."""
     block = _fewest_threads(packs_per_row, SHORT_ROW_PACKS)
     if block <= SHORT_ROW_MAX_BLOCK and add_rmsnorm_short_rows(packs_per_row, block):
         return block
