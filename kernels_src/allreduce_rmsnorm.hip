@@ -5,6 +5,8 @@
 // FA_TWO_STAGE 1: stage 1 reduces this rank's 1/N of each owned row's packs and stores the T result into
 // every rank's tmp; a barrier; stage 2 runs add + RMSNorm on the complete rows in the local tmp.
 // Both end with a barrier, so no rank starts overwriting buffers (input, tmp) that a peer still reads.
+// stage_src (eager calls, contiguous x; else 0): x itself, which each block copies into the staging buffer
+// before the start barrier (fa_stage_packs); 0: the inputs are staged or registered already.
 // FA_SCATTER 1 (reduce_scatter_rmsnorm, one-stage): this rank reduces only its `rows` rows, which start at
 // row `first_row` of the inputs, and writes them from row 0 of its outputs; the descriptor names the whole
 // call's `all_rows`, and every rank runs the same grid (its shard may be shorter, or empty).
@@ -44,7 +46,8 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_scale_t* __restrict__ scales, int group,
     fa_i64 scales_stride, fa_i64 scales_col_stride,
-    const float* __restrict__ global_scale, int scales_row0, fa_i64 timeout_ns, int release_early
+    const float* __restrict__ global_scale, int scales_row0, fa_i64 timeout_ns, int release_early,
+    const fa_elem_t* __restrict__ stage_src
 #if FA_SCATTER
     , int first_row, int all_rows
 #endif
@@ -59,6 +62,10 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
 #else
   const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);
   const fa_i64 source_row = 0;
+  if (stage_src) {  // an eager call: this block's rows into the staging buffer (the scatter op's host stages them)
+    for (int row = fa_block_id(); row < rows; row += fa_grid_blocks())
+      fa_stage_packs(peers, rank, stage_src, (fa_i64)row * packs + fa_thread_id(), (fa_i64)(row + 1) * packs, FA_BLOCK);
+  }
 #endif
   if (!fa_barrier(bar, FA_PHASE_START)) return;  // every rank's input is in place, and the same call
 #if FA_TWO_STAGE

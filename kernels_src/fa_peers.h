@@ -208,6 +208,17 @@ FA_INLINE void fa_barrier_end(const fa_barrier_t& b) {
   if (fa_thread_id() == 0) b.peers->signal[b.rank]->epoch[fa_block_id()] = b.state->flag;
 }
 
+// An eager call's input copied into this rank's staging buffer (the eager table's own input) by the kernel
+// itself, before its start barrier: packs lo, lo + step, ... below hi of `src` (contiguous, 16-byte aligned).
+// Each block copies exactly the packs that block index reads on any rank, so the start barrier's release
+// publishes them to the peers that read them, and the previous call's end barrier (every peer's block of
+// that index done reading) came before: one launch instead of a copy and a launch.
+FA_INLINE void fa_stage_packs(const fa_peers_t* peers, int rank, const fa_elem_t* src, fa_i64 lo, fa_i64 hi,
+                              fa_i64 step) {
+  fa_elem_t* const staging = (fa_elem_t*)peers->input[rank];
+  for (fa_i64 p = lo; p < hi; p += step) fa_store_pack_peer(staging, p, fa_load_pack(src, p));
+}
+
 // acc = sum over ranks 0..N-1, in that order, of float(input_r[pack]); all N loads issued first.
 FA_INLINE void fa_sum_ranks(const fa_peers_t* peers, fa_i64 pack, float (&acc)[FA_PACK_ELEMS]) {
   fa_pack_t in[FA_NGPUS];

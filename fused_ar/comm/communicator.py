@@ -304,19 +304,23 @@ class Communicator(SequenceParallel):
     def _apply_graph_records(self, everyone: list[list[Any]]) -> None:
         self._graphs.apply(self.rank, self._view, everyone)
 
-    def _peer_table(self, x: int, plan: CallPlan, stream: int, stage: bool = False) -> int:
-        """The peer table of this call (x: its input's address): a graph table naming x itself while capturing,
-        else the eager one with x copied into the staging buffer (also while capturing where peers cannot map
-        x, or `stage`: x is not contiguous rows, or this call writes its output over it)."""
+    def _peer_table(self, x: int, plan: CallPlan, stream: int, stage: bool = False) -> tuple[int, int]:
+        """(peer table, stage_src) of this call (x: its input's address): a graph table naming x itself while
+        capturing, else the eager one with x in the staging buffer: copied by the kernel itself (stage_src = x)
+        where x is contiguous aligned rows, else (`stage`: it is not, or this call writes its output over x,
+        which the kernel's blocks would race on) copied here first (stage_src 0). Also while capturing where
+        peers cannot map x."""
         if is_capturing():
             table = None if stage or not self._register_graph_inputs else self._graphs.record(x)
             if table is not None:
-                return table
+                return table, 0
         elif self._graphs.pending:
             self.register_graph_buffers()
+        if not stage:
+            return self._mem.table, x
         rows, row_bytes, pitch = plan.x_layout
         self._stage(self._mem.staging, x, rows, row_bytes, pitch, stream)
-        return self._mem.table
+        return self._mem.table, 0
 
     def _stage(self, dst: int, src: int, rows: int, row_bytes: int, pitch: int, stream: int) -> None:
         """Copies `rows` rows of `row_bytes` (`pitch` apart at src) to dst, packed, on `stream`."""
@@ -378,16 +382,22 @@ class Communicator(SequenceParallel):
         return plan, eps, offset, input_addresses(x, residual, weight)
 
     @staticmethod
-    def _outputs(plan: CallPlan, x: Any, shape: tuple, out: Any, residual_out: Any, scales: Any) -> tuple[Any, Any, Any]:
-        """(out, residual_out, scales) of an add + RMSNorm call of `shape` rows: those given, else new ones (out
-        in T or quantized as the plan says, the scales of its quantization)."""
+    def _outputs(plan: CallPlan, x: Any, shape: Optional[tuple], out: Any, residual_out: Any,
+                 scales: Any) -> tuple[Any, Any, Any]:
+        """(out, residual_out, scales) of an add + RMSNorm call of `shape` rows (None: x's own, allocated like x,
+        which costs half of torch.empty per call; a valid x is dense only where it is contiguous): those given,
+        else new ones (out in T or quantized as the plan says, the scales of its quantization)."""
         import torch
 
         quant = plan.quant
         if out is None:
-            out = torch.empty(shape, dtype=x.dtype, device=x.device) if quant is None else \
-                quant.new_out(shape[:-1], x.device)
-        residual_out = torch.empty(shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
+            if quant is not None:
+                out = quant.new_out(tuple(x.shape[:-1]) if shape is None else shape[:-1], x.device,
+                                    x if shape is None else None)
+            else:
+                out = torch.empty_like(x) if shape is None else torch.empty(shape, dtype=x.dtype, device=x.device)
+        if residual_out is None:
+            residual_out = torch.empty_like(x) if shape is None else torch.empty(shape, dtype=x.dtype, device=x.device)
         if quant is not None and scales is None:
             scales = quant.new_scales(x.device)
         return out, residual_out, scales
@@ -398,7 +408,7 @@ class Communicator(SequenceParallel):
         scales = None if fp8 is None else fp8["scales"]
         plan, eps, offset, inputs = self._rmsnorm_plan(self._checked_fused, x, residual, weight, eps, offset, path,
                                                        out, residual_out, fp8)
-        out, residual_out, scales = self._outputs(plan, x, tuple(x.shape), out, residual_out, scales)
+        out, residual_out, scales = self._outputs(plan, x, None, out, residual_out, scales)
         if plan.fallback:
             if plan.rows:
                 self._fallback_rmsnorm(x, residual, weight, eps, offset, out, residual_out, fp8, scales)
@@ -416,7 +426,7 @@ class Communicator(SequenceParallel):
                 v = buf.values
                 v.residual, v.weight, v.out, v.residual_out, v.scales = rp, wp, op, rop, sp
                 v.global_scale = gp
-                v.peers = self._peer_table(xp, plan, stream, stage)
+                v.peers, v.stage_src = self._peer_table(xp, plan, stream, stage)
                 v.eps, v.weight_offset = eps, offset
                 plan.launch(stream, buf)
             else:
@@ -427,7 +437,7 @@ class Communicator(SequenceParallel):
                     v.residual, v.weight = rp and rp + lo * pr, wp
                     v.out, v.residual_out, v.scales = op + lo * po, rop + lo * pro, sp and sp + lo * ps
                     v.global_scale, v.scales_row0 = gp, lo  # the swizzled scales' tiles place rows by index
-                    v.peers = self._peer_table(xp + lo * px, sub, stream, stage)
+                    v.peers, v.stage_src = self._peer_table(xp + lo * px, sub, stream, stage)
                     v.eps, v.weight_offset = eps, offset
                     sub.launch(stream, buf)
         return out, residual_out, scales
@@ -453,7 +463,7 @@ class Communicator(SequenceParallel):
         size = plan.pitches[0]
         for lo, sub in plan.chunks or ((0, plan),):
             buf = sub.buffer()
-            buf.values.peers = self._peer_table(xp + lo * size, sub, stream, stage=op == xp)
+            buf.values.peers, buf.values.stage_src = self._peer_table(xp + lo * size, sub, stream, stage=op == xp)
             buf.values.out = op + lo * size
             sub.launch(stream, buf)
         return out

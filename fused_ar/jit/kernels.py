@@ -313,9 +313,11 @@ _FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("resi
                  ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
                  ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
                  ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR),
-                 ("scales_row0", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32))
+                 ("scales_row0", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32),
+                 ("stage_src", Arg.PTR))
 _ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
-                     ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32))
+                     ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32),
+                     ("stage_src", Arg.PTR))
 
 ALLREDUCE_RMSNORM_1STAGE = register(KernelDef(
     Op.ALLREDUCE_RMSNORM_1STAGE, "allreduce_rmsnorm.hip", _FUSED_PARAMS, CROSS_GPU_NGPUS,

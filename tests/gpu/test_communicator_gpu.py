@@ -119,6 +119,50 @@ def test_200_calls_back_to_back(group, path, dtype):
             assert torch.equal(results[rank][i][0][0], out) and torch.equal(results[rank][i][1], ar)
 
 
+@pytest.mark.parametrize("path", ["1stage", "2stage"])
+def test_eager_input_copied_by_the_kernel(group, monkeypatch, path):
+    """An eager call's contiguous x goes into the staging buffer inside the kernel (no host copy); strided x
+    and out=x take the host copy. Calls of changing m run back to back (a block index owns other rows from
+    one call to the next), with every result exact."""
+    comms, streams = group
+    runtime = type(comms[0]._runtime)
+    host_copies = []
+    for name in ("copy_async", "copy_rows"):
+        real = getattr(runtime, name)
+        monkeypatch.setattr(runtime, name, lambda self, *a, _real=real, _name=name: (host_copies.append(_name),
+                                                                                       _real(self, *a))[1])
+    n_ranks, n, dtype = len(comms), 4096, torch.bfloat16
+    shapes = [1, 300, 7, 2048, 33, 1, 1000]
+    data = [make_inputs(n_ranks, m, n, dtype, seed=7000 + i) for i, m in enumerate(shapes)]
+    results = [[None] * len(data) for _ in range(n_ranks)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for i, (xs, residual, weight) in enumerate(data):
+        for rank, (comm, stream) in enumerate(zip(comms, streams)):
+            with torch.cuda.stream(stream):
+                results[rank][i] = (comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path),
+                                    comm.allreduce(xs[rank], path=path))
+    torch.cuda.synchronize()
+    assert host_copies == [], host_copies
+    for i, (xs, residual, weight) in enumerate(data):
+        (out, ro), ar = results[0][i]
+        assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
+        assert torch.equal(ar, allreduce_reference(xs)), f"call {i}: all-reduce wrong"
+        for rank in range(1, n_ranks):
+            assert torch.equal(results[rank][i][0][0], out) and torch.equal(results[rank][i][1], ar)
+    # rows n + 64 apart: the host copies them packed; out over x: the host copy keeps peers off x
+    xs, residual, weight = make_inputs(n_ranks, 40, n + 64, dtype, seed=7100)
+    strided = [x[:, :n] for x in xs]
+    outs = run_ranks(group, lambda r, c: c.allreduce_rmsnorm(strided[r], residual[:, :n], weight[:n], path=path))
+    assert host_copies == ["copy_rows"] * n_ranks, host_copies
+    assert_rmsnorm_matches(strided, residual[:, :n], weight[:n], 1e-6, *outs[0])
+    ins = [x.clone() for x in xs]
+    ref = allreduce_reference(xs)
+    run_ranks(group, lambda r, c: c.allreduce(ins[r], path=path, out=ins[r]))
+    assert host_copies == ["copy_rows"] * n_ranks + ["copy_async"] * n_ranks, host_copies
+    assert all(torch.equal(x, ref) for x in ins)
+
+
 def test_m_zero_and_errors(group):
     comms, _ = group
     x = torch.empty(0, 4096, device="cuda", dtype=torch.bfloat16)
