@@ -99,10 +99,15 @@ def test_fused_and_plain_against_reference(group, path, dtype, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_200_calls_back_to_back(group, path, dtype):
     """No host synchronization between calls: a missing end barrier or a misordered flag shows here."""
+    n_ranks, m, n, calls = len(group[0]), 33, 4096, 200
+    back_to_back(group, [make_inputs(n_ranks, m, n, dtype, seed=1000 + i) for i in range(calls)], path)
+
+
+def back_to_back(group, data, path):
+    """allreduce_rmsnorm and allreduce of each (xs, residual, weight) in `data` on every rank, all enqueued
+    before one synchronize, then every result against the reference and rank 0's."""
     comms, streams = group
-    n_ranks, m, n, calls = len(comms), 33, 4096, 200
-    data = [make_inputs(n_ranks, m, n, dtype, seed=1000 + i) for i in range(calls)]
-    results = [[None] * calls for _ in range(n_ranks)]
+    results = [[None] * len(data) for _ in comms]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())
     for i, (xs, residual, weight) in enumerate(data):
@@ -115,7 +120,7 @@ def test_200_calls_back_to_back(group, path, dtype):
         (out, ro), ar = results[0][i]
         assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
         assert torch.equal(ar, allreduce_reference(xs)), f"call {i}: all-reduce wrong"
-        for rank in range(1, n_ranks):
+        for rank in range(1, len(comms)):
             assert torch.equal(results[rank][i][0][0], out) and torch.equal(results[rank][i][1], ar)
 
 
@@ -124,7 +129,7 @@ def test_eager_input_copied_by_the_kernel(group, monkeypatch, path):
     """An eager call's contiguous x goes into the staging buffer inside the kernel (no host copy); strided x
     and out=x take the host copy. Calls of changing m run back to back (a block index owns other rows from
     one call to the next), with every result exact."""
-    comms, streams = group
+    comms = group[0]
     runtime = type(comms[0]._runtime)
     host_copies = []
     for name in ("copy_async", "copy_rows"):
@@ -133,23 +138,8 @@ def test_eager_input_copied_by_the_kernel(group, monkeypatch, path):
                                                                                        _real(self, *a))[1])
     n_ranks, n, dtype = len(comms), 4096, torch.bfloat16
     shapes = [1, 300, 7, 2048, 33, 1, 1000]
-    data = [make_inputs(n_ranks, m, n, dtype, seed=7000 + i) for i, m in enumerate(shapes)]
-    results = [[None] * len(data) for _ in range(n_ranks)]
-    for s in streams:
-        s.wait_stream(torch.cuda.current_stream())
-    for i, (xs, residual, weight) in enumerate(data):
-        for rank, (comm, stream) in enumerate(zip(comms, streams)):
-            with torch.cuda.stream(stream):
-                results[rank][i] = (comm.allreduce_rmsnorm(xs[rank], residual, weight, path=path),
-                                    comm.allreduce(xs[rank], path=path))
-    torch.cuda.synchronize()
+    back_to_back(group, [make_inputs(n_ranks, m, n, dtype, seed=7000 + i) for i, m in enumerate(shapes)], path)
     assert host_copies == [], host_copies
-    for i, (xs, residual, weight) in enumerate(data):
-        (out, ro), ar = results[0][i]
-        assert_rmsnorm_matches(xs, residual, weight, 1e-6, out, ro)
-        assert torch.equal(ar, allreduce_reference(xs)), f"call {i}: all-reduce wrong"
-        for rank in range(1, n_ranks):
-            assert torch.equal(results[rank][i][0][0], out) and torch.equal(results[rank][i][1], ar)
     # rows n + 64 apart: the host copies them packed; out over x: the host copy keeps peers off x
     xs, residual, weight = make_inputs(n_ranks, 40, n + 64, dtype, seed=7100)
     strided = [x[:, :n] for x in xs]
