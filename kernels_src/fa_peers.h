@@ -211,8 +211,10 @@ FA_INLINE void fa_barrier_end(const fa_barrier_t& b) {
 // An eager call's input copied into this rank's staging buffer (the eager table's own input) by the kernel
 // itself, before its start barrier: packs lo, lo + step, ... below hi of `src` (contiguous, 16-byte aligned).
 // Each block copies exactly the packs that block index reads on any rank, so the start barrier's release
-// publishes them to the peers that read them, and the previous call's end barrier (every peer's block of
-// that index done reading) came before: one launch instead of a copy and a launch.
+// publishes them to the peers that read them. The buffer is free: this kernel starts after the previous
+// call's kernel on this stream ended, which every block did only after its end barrier met every peer's
+// block of its index, so no peer still reads any of it (whatever rows each block index owned then). One
+// launch instead of a copy and a launch.
 FA_INLINE void fa_stage_packs(const fa_peers_t* peers, int rank, const fa_elem_t* src, fa_i64 lo, fa_i64 hi,
                               fa_i64 step) {
   fa_elem_t* const staging = (fa_elem_t*)peers->input[rank];
