@@ -26,11 +26,14 @@ _structs: dict[KernelDef, type] = {}
 
 
 def _struct_for(kdef: KernelDef) -> type:
-    """A ctypes Structure laid out like the kernel's C parameters, one field per parameter."""
+    """A ctypes Structure laid out like the kernel's C parameters, one field per parameter. No instance dict: a
+    call writing a name the kernel does not take raises, where a plain Structure would keep it as a Python
+    attribute that never reaches the kernel."""
     struct = _structs.get(kdef)
     if struct is None:
         fields = [(name, _CTYPES[kind]) for name, kind in kdef.params]
-        struct = _structs[kdef] = type(f"{kdef.op.value}_args", (ctypes.Structure,), {"_fields_": fields})
+        struct = _structs[kdef] = type(f"{kdef.op.value}_args", (ctypes.Structure,),
+                                       {"_fields_": fields, "__slots__": ()})
     return struct
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import struct
 
+import pytest
+
 from fused_ar.comm.ipc import TABLE_STRIDE, PeerView
 from fused_ar.jit.kernels import DESC_WORDS, MAX_BLOCKS, MAX_RANKS, PEER_TABLE_BYTES, SIGNAL_BYTES, Arg
 from fused_ar.comm.report import REPORT_BYTES
@@ -77,3 +79,33 @@ def test_cross_gpu_kernels_let_dependents_launch_early_only_for_a_rank_alone_on_
     assert comm._peer_args() == {"rank": 1, "timeout_ns": comm._timeout_ns, "release_early": 1}
     comm._ranks_per_device = 2  # Communicator.local_group, or two processes on one GPU
     assert comm._peer_args()["release_early"] == 0
+
+
+def test_launch_code_writes_only_kernel_parameters():
+    """Argument buffers take only their kernel's parameters (a name the kernel does not take raises instead of
+    staying a Python attribute), and every field the launch code writes on one is some kernel's parameter."""
+    import ast
+    from pathlib import Path
+
+    import fused_ar
+    from fused_ar.device.plans import ArgBuffer
+    from fused_ar.jit.kernels import all_kernels
+
+    for kdef in all_kernels():
+        values = ArgBuffer(kdef, {}).values
+        for name, _ in kdef.params:
+            setattr(values, name, getattr(values, name))
+        with pytest.raises(AttributeError):
+            values.not_a_parameter = 1
+    params = {name for kdef in all_kernels() for name, _ in kdef.params}
+    package = Path(fused_ar.__file__).parent
+    written = {}
+    for path in list((package / "comm").glob("*.py")) + list((package / "device").glob("*.py")):
+        assigns = [a for a in ast.walk(ast.parse(path.read_text())) if isinstance(a, ast.Assign)]
+        for target in (t for a in assigns for t in a.targets):
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(t, ast.Attribute) and (isinstance(t.value, ast.Name) and t.value.id == "v" or
+                                                     isinstance(t.value, ast.Attribute) and t.value.attr == "values"):
+                    written.setdefault(t.attr, path.name)
+    assert {"peers", "stage_src", "out", "residual_out", "eps"} <= set(written), sorted(written)
+    assert set(written) <= params, {n: f for n, f in written.items() if n not in params}
