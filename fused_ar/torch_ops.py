@@ -186,14 +186,14 @@ def _fp8_outputs(x: torch.Tensor, scale: Any, group_size: Any, fp8_dtype: Any, s
     quant = check_quant(x, x.shape[-1], DType.parse(x.dtype), scale, group_size, fp8_dtype, native, scales_format,
                         scales_mn_major)
     scales = scale.new_empty(scale.shape) if scale is not None else quant.new_scales(x.device)
-    return quant.new_out(tuple(x.shape[:-1]), x.device, x), torch.empty_like(x), scales
+    return quant.new_out(x), torch.empty_like(x), scales
 
 
 def _fp4_outputs(x: torch.Tensor, fp4_format: Any, global_scale: Any, scales_swizzled: Any) -> tuple:
     from .device.validate import check_fp4
 
     quant = check_fp4(x, x.shape[-1], fp4_format, scales_swizzled, global_scale)
-    return quant.new_out(tuple(x.shape[:-1]), x.device, x), torch.empty_like(x), quant.new_scales(x.device)
+    return quant.new_out(x), torch.empty_like(x), quant.new_scales(x.device)
 
 
 # The fakes take the ops' own signatures: torch passes what the caller passed, defaults left out.

@@ -392,8 +392,7 @@ class Communicator(SequenceParallel):
         quant = plan.quant
         if out is None:
             if quant is not None:
-                out = quant.new_out(tuple(x.shape[:-1]) if shape is None else shape[:-1], x.device,
-                                    x if shape is None else None)
+                out = quant.new_out(x, None if shape is None else shape[:-1])
             else:
                 out = torch.empty_like(x) if shape is None else torch.empty(shape, dtype=x.dtype, device=x.device)
         if residual_out is None:

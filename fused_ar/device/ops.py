@@ -246,7 +246,7 @@ def _quantized(x: Any, residual: Any, weight: Any, eps: Any, weight_offset: Any,
 
     plan, inputs, eps, weight_offset = _plan(x, residual, weight, eps, weight_offset, out, residual_out, fp8)
     quant = plan.quant
-    out = quant.new_out(tuple(x.shape[:-1]), x.device, x) if out is None else out
+    out = quant.new_out(x) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
     scales = quant.new_scales(x.device) if fp8["scales"] is None else fp8["scales"]
     plan.run(out, residual_out, inputs, eps, weight_offset, scales, fp8["global_scale"])

@@ -292,16 +292,17 @@ class QuantCall:
         """Elements of x per byte of out, over one (2 for FP4): scales out's addresses to x's alignment."""
         return 2 if self.kind.fp4 else 1
 
-    def new_out(self, lead: tuple, device: Any, like: Any = None) -> Any:
-        """A quantized out of rows `lead`; `like`: x, when those are x's own rows (then, for FP8, a copy of its
-        shape: empty_like costs half of empty on the per-call path, and a valid x is dense only where it is
-        contiguous, so the rows come out contiguous, as the plan writes them)."""
+    def new_out(self, x: Any, lead: Optional[tuple] = None) -> Any:
+        """A quantized out on x's device for the rows `lead` (None: x's own rows; then FP8's is empty_like(x),
+        which costs half of empty on the per-call path, and a valid x is dense only where it is contiguous, so
+        its rows come out contiguous, as the plan writes them)."""
         import torch
 
         dtype = getattr(torch, self.out_dtype)
-        if like is not None and self.out_ratio == 1:
-            return torch.empty_like(like, dtype=dtype)
-        return torch.empty(lead + (self.out_cols,), dtype=dtype, device=device)
+        if lead is None and self.out_ratio == 1:
+            return torch.empty_like(x, dtype=dtype)
+        return torch.empty((tuple(x.shape[:-1]) if lead is None else lead) + (self.out_cols,), dtype=dtype,
+                           device=x.device)
 
     def new_scales(self, device: Any) -> Any:
         """An output tensor for the scales, laid out as the kernel writes them."""
