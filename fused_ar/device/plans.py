@@ -169,11 +169,14 @@ def input_addresses(x: Any, residual: Any, weight: Any) -> tuple[int, int, int]:
 def quant_key(fp8: dict[str, Any]) -> tuple:
     """What a quantized plan depends on beyond rmsnorm_key (`fp8`: the call's fp8_arguments or fp4_arguments).
     A static scale is `scales` itself, so the key holds whether one was given, not its layout twice; spelled
-    out, as rmsnorm_key is: this runs on every call."""
+    out, as rmsnorm_key is: this runs on every call. The types of the integer and boolean arguments are part
+    of it: 128.0 == 128 and 1 == True, but the checks refuse a float group size and a non-bool flag, and a
+    key shared with an accepted value would skip them. fp8_dtype keys as given (validation reads its name)."""
     scales, global_scale = fp8["scales"], fp8["global_scale"]
-    return (fp8["scale"] is None, fp8["group_size"], str(fp8["fp8_dtype"]),
+    group, mn_major, swizzled = fp8["group_size"], fp8["scales_mn_major"], fp8["swizzled"]
+    return (fp8["scale"] is None, group, type(group), fp8["fp8_dtype"],
             None if scales is None else (scales.shape, scales.dtype, scales.stride(), scales.device),
-            fp8["scales_format"], fp8["scales_mn_major"], fp8["fp4"], fp8["swizzled"],
+            fp8["scales_format"], mn_major, type(mn_major), fp8["fp4"], swizzled, type(swizzled),
             None if global_scale is None else (global_scale.shape, global_scale.dtype, global_scale.stride(),
                                                global_scale.device))
 

@@ -174,6 +174,43 @@ def test_unhashable_arguments_are_input_errors(no_plan, op, kwargs, match):
         call(x, x.clone(), None, **kwargs)
 
 
+class _KeptPlan:
+    """Stands for the plan a valid call left under its key: a call that reaches it skipped the full checks."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"a call reused the plan of a valid call (read its {name})")
+
+
+# Values equal to a valid one (128.0 == 128, 1 == True) that the full checks refuse: a plan kept under the valid
+# call's key must not serve them, or the same call would be refused or accepted by whether that call came first.
+@pytest.mark.parametrize("op,valid,bad,match", [
+    ("fp8", {"group_size": 128}, {"group_size": 128.0}, r"group_size=128.0"),
+    ("fp8", {"group_size": 128, "scales_mn_major": True}, {"group_size": 128, "scales_mn_major": 1},
+     r"scales_mn_major=1: it must be True or False"),
+    ("fp8", {"group_size": 128, "scales_mn_major": False}, {"group_size": 128, "scales_mn_major": 0},
+     r"scales_mn_major=0: it must be True or False"),
+    ("fp4", {"global_scale": torch.ones(1), "scales_swizzled": True},
+     {"global_scale": torch.ones(1), "scales_swizzled": 1}, r"scales_swizzled=1"),
+])
+def test_a_kept_plan_never_serves_an_equal_value_of_another_type(monkeypatch, op, valid, bad, match):
+    from fused_ar import env
+    from fused_ar.device.plans import PLAN_ENV, fp4_arguments, fp8_arguments, quant_key, rmsnorm_key
+
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    residual = x.clone()
+    if op == "fp8":
+        args = lambda kw: fp8_arguments(None, kw["group_size"], None, "fp32", kw.get("scales_mn_major", False), None)
+        call = ops.add_rmsnorm_fp8
+    else:
+        args = lambda kw: fp4_arguments("nvfp4", kw["global_scale"], kw["scales_swizzled"], None)
+        call = ops.add_rmsnorm_fp4
+    assert quant_key(args(valid)) != quant_key(args(bad))
+    key = (rmsnorm_key(x, residual, None, None, None), env.raw_values(PLAN_ENV), quant_key(args(valid)))
+    monkeypatch.setitem(ops._plans, key, _KeptPlan())
+    with pytest.raises(InputError, match=match):
+        call(x, residual, None, **bad)
+
+
 def test_torch_op_fakes_take_keywords_and_left_out_defaults():
     """torch passes a traced op's arguments as the caller wrote them: keywords, defaults left out."""
     import fused_ar.torch_ops  # noqa: F401
