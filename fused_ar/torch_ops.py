@@ -33,7 +33,7 @@ SCHEMAS = {
                     "float weight_offset=0.0) -> ()",
     "allreduce_rmsnorm_": "allreduce_rmsnorm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, int comm, "
                           "str path=\"auto\", float weight_offset=0.0) -> ()",
-    # FP8 output: (q, residual_out, scales); scales is a new tensor also for a static scale (a copy of it).
+    # FP8 output: (q, residual_out, scales); scales is a new tensor also for a static scale (the kernel copies it).
     "add_rmsnorm_fp8": "add_rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, float weight_offset=0.0, "
                        "Tensor? scale=None, int? group_size=None, ScalarType? fp8_dtype=None, str scales_format=\"fp32\", "
                        "bool scales_mn_major=False) -> (Tensor, Tensor, Tensor)",
@@ -91,9 +91,10 @@ def _allreduce_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
                                    residual_out=residual)
 
 
-def _fresh_scales(q: torch.Tensor, residual_out: torch.Tensor, scales: torch.Tensor,
-                  scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return q, residual_out, scales.clone() if scale is not None else scales  # an op's output never aliases an input
+def _scale_copy(scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The scales_out of a static scale: an op's output never aliases an input, so the kernel writes the scale's
+    value into a new tensor (a copy kernel of its own cost an eager call a launch)."""
+    return None if scale is None else torch.empty_like(scale)
 
 
 def _add_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
@@ -101,9 +102,9 @@ def _add_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: 
                      fp8_dtype: Optional[torch.dtype] = None, scales_format: str = "fp32",
                      scales_mn_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = fused_ar.add_rmsnorm_fp8(...)."""
-    return _fresh_scales(*add_rmsnorm_fp8(x, residual, weight, eps, weight_offset=weight_offset, scale=scale,
-                                          group_size=group_size, fp8_dtype=fp8_dtype, scales_format=scales_format,
-                                          scales_mn_major=scales_mn_major), scale)
+    return add_rmsnorm_fp8(x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
+                           fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major,
+                           scales_out=_scale_copy(scale))
 
 
 def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
@@ -112,9 +113,10 @@ def _allreduce_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor], we
                            fp8_dtype: Optional[torch.dtype] = None, scales_format: str = "fp32",
                            scales_mn_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = Communicator(comm).allreduce_rmsnorm_fp8(...)."""
-    return _fresh_scales(*lookup(comm).allreduce_rmsnorm_fp8(
+    return lookup(comm).allreduce_rmsnorm_fp8(
         x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
-        fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major, path=path), scale)
+        fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major, path=path,
+        scales_out=_scale_copy(scale))
 
 
 def _add_rmsnorm_fp4(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
@@ -147,9 +149,10 @@ def _reduce_scatter_rmsnorm_fp8(x: torch.Tensor, residual: Optional[torch.Tensor
                                 scales_format: str = "fp32", scales_mn_major: bool = False
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, residual_out, scales) = Communicator(comm).reduce_scatter_rmsnorm_fp8(...)."""
-    return _fresh_scales(*lookup(comm).reduce_scatter_rmsnorm_fp8(
+    return lookup(comm).reduce_scatter_rmsnorm_fp8(
         x, residual, weight, eps, weight_offset=weight_offset, scale=scale, group_size=group_size,
-        fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major), scale)
+        fp8_dtype=fp8_dtype, scales_format=scales_format, scales_mn_major=scales_mn_major,
+        scales_out=_scale_copy(scale))
 
 
 def _all_gather(x: torch.Tensor, comm: int, rows: int) -> torch.Tensor:

@@ -24,9 +24,10 @@ extern "C" __global__ FA_ADD_RMSNORM_BOUNDS void FA_KERNEL_NAME(
     const fa_elem_t* FA_RESTRICT residual, const fa_weight_t* __restrict__ weight, int rows, int cols, float eps,
     float weight_offset, fa_i64 x_stride, fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride,
     fa_scale_t* __restrict__ scales, int group, fa_i64 scales_stride, fa_i64 scales_col_stride,
-    const float* __restrict__ global_scale, int scales_row0) {
+    const float* __restrict__ global_scale, int scales_row0, float* __restrict__ scale_copy) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_grid_launch_dependents();
+  fa_copy_static_scale(scales, scale_copy);
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
     const fa_local_source_t src = {x + row * x_stride};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,

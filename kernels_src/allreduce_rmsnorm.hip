@@ -46,7 +46,8 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_scale_t* __restrict__ scales, int group,
     fa_i64 scales_stride, fa_i64 scales_col_stride,
-    const float* __restrict__ global_scale, int scales_row0, fa_i64 timeout_ns, int release_early,
+    const float* __restrict__ global_scale, int scales_row0, float* __restrict__ scale_copy, fa_i64 timeout_ns,
+    int release_early,
     const fa_elem_t* __restrict__ stage_src
 #if FA_SCATTER
     , int first_row, int all_rows
@@ -54,6 +55,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     ) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_peer_release(release_early);
+  fa_copy_static_scale(scales, scale_copy);  // this rank's own copy: every rank returns its scales
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
 #if FA_SCATTER

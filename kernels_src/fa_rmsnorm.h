@@ -246,6 +246,17 @@ FA_INLINE void fa_store_block_scale(const fa_row_io_t& io, int b, int blocks, fa
 #endif
 }
 
+// A static FP8 scale's value into `copy` (a float the caller allocated; 0: none asked), by one thread of the
+// grid: the torch op returns its scales as a new tensor, and this write spares it a copy kernel of its own.
+FA_INLINE void fa_copy_static_scale(const fa_scale_t* scales, float* copy) {
+#if FA_QUANT == FA_QUANT_STATIC
+  if (copy != nullptr && fa_block_id() == 0 && fa_thread_id() == 0) copy[0] = scales[0];
+#else
+  (void)scales;
+  (void)copy;
+#endif
+}
+
 // Whether a group's packs lie in one run of lanes of a wave, for every pack of the row: adjacent packs go to
 // adjacent threads and the block is a whole number of waves, so a group of a power-of-two number of packs
 // up to the wave size fills one aligned run.

@@ -28,8 +28,8 @@ from ..device.plans import (CallPlan, allreduce_key, allreduce_pointers_ok, call
                             input_addresses, is_capturing, plain_eps, plain_offset, quant_key, raw_stream, rmsnorm_key)
 from . import registry
 from .policy import DEFAULT_MAX_BYTES, FallbackLog, Path, choose_path, group_fallback_reason, overrides
-from ..device.ops import (add_rmsnorm_into, check_fp8_aliasing, check_quant_values, quant_pointers,
-                          quant_tensors)
+from ..device.ops import (add_rmsnorm_into, check_fp8_aliasing, check_quant_values, quant_pointers, quant_tensors,
+                          returned_scales)
 from .report import pending_exception, read_error_word
 from .sequence import SequenceParallel
 from ..backends import current_runtime
@@ -411,20 +411,21 @@ class Communicator(SequenceParallel):
         if plan.fallback:
             if plan.rows:
                 self._fallback_rmsnorm(x, residual, weight, eps, offset, out, residual_out, fp8, scales)
-            return out, residual_out, scales
+            return out, residual_out, returned_scales(fp8, scales, launched=bool(plan.rows))
         if plan.rows:
             stream = raw_stream(self.device)
             xp, rp, wp = inputs
             op, rop = out.data_ptr(), residual_out.data_ptr()
             sp = 0 if scales is None else scales.data_ptr()
             gp = 0 if fp8 is None or fp8["global_scale"] is None else fp8["global_scale"].data_ptr()
+            cp = 0 if fp8 is None or fp8["scale_copy"] is None else fp8["scale_copy"].data_ptr()
             # out at x: peers may still read x in place (a captured call) while this rank writes out: stage it
             stage = plan.stage_x or op == xp
             if plan.chunks is None:
                 buf = plan.buffer()
                 v = buf.values
                 v.residual, v.weight, v.out, v.residual_out, v.scales = rp, wp, op, rop, sp
-                v.global_scale = gp
+                v.global_scale, v.scale_copy = gp, cp
                 v.peers, v.stage_src = self._peer_table(xp, plan, stream, stage)
                 v.eps, v.weight_offset = eps, offset
                 plan.launch(stream, buf)
@@ -436,10 +437,11 @@ class Communicator(SequenceParallel):
                     v.residual, v.weight = rp and rp + lo * pr, wp
                     v.out, v.residual_out, v.scales = op + lo * po, rop + lo * pro, sp and sp + lo * ps
                     v.global_scale, v.scales_row0 = gp, lo  # the swizzled scales' tiles place rows by index
+                    v.scale_copy = cp
                     v.peers, v.stage_src = self._peer_table(xp + lo * px, sub, stream, stage)
                     v.eps, v.weight_offset = eps, offset
                     sub.launch(stream, buf)
-        return out, residual_out, scales
+        return out, residual_out, returned_scales(fp8, scales, launched=bool(plan.rows))
 
     def allreduce(self, x: Any, *, path: str = "auto", out: Optional[Any] = None) -> Any:
         """T(sum over the group of x, fp32, rank order), any shape with a multiple of 16 bytes in all."""

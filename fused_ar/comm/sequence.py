@@ -19,7 +19,7 @@ from typing import Any, Optional
 from ..errors import InputError
 from ..device.plans import CallPlan, fp4_arguments, fp8_arguments, is_capturing, raw_stream, rmsnorm_key
 from ..device.launch import spec_for
-from ..device.ops import add_rmsnorm_into
+from ..device.ops import add_rmsnorm_into, returned_scales
 from ..device.validate import check_devices, check_outputs, check_rmsnorm_inputs, check_rows, cross_gpu_limit
 from ..jit.kernels import ALL_GATHER, REDUCE_SCATTER_RMSNORM, allreduce_rmsnorm_block
 from ..jit.spec import DEFAULT_PACK
@@ -93,13 +93,14 @@ class SequenceParallel:
         if plan.fallback:
             if x.shape[0]:
                 self._fallback_scatter(x, residual, weight, eps, offset, out, residual_out, fp8, scales, lo, hi)
-            return out, residual_out, scales
+            return out, residual_out, returned_scales(fp8, scales, launched=bool(x.shape[0]))
         if x.shape[0]:
             stream = raw_stream(self.device)
             xp, rp, wp = inputs
             op, rop = out.data_ptr(), residual_out.data_ptr()
             sp = 0 if scales is None else scales.data_ptr()
             gp = 0 if fp8 is None or fp8["global_scale"] is None else fp8["global_scale"].data_ptr()
+            cp = 0 if fp8 is None or fp8["scale_copy"] is None else fp8["scale_copy"].data_ptr()
             px, pr, po, pro, ps = plan.pitches
             per = plan.chunks[1][0] if len(plan.chunks) > 1 else -(-x.shape[0] // self.world_size)
             for first, sub in plan.chunks:
@@ -108,10 +109,11 @@ class SequenceParallel:
                 v.residual, v.weight = rp and rp + first * pr, wp
                 v.out, v.residual_out, v.scales = op + first * po, rop + first * pro, sp and sp + first * ps
                 v.global_scale, v.scales_row0 = gp, first  # the swizzled scales' tiles place rows by index
+                v.scale_copy = cp
                 v.peers, v.first_row = self._shard_table(xp, px, plan, first, per, stream)
                 v.eps, v.weight_offset = eps, offset
                 sub.launch(stream, buf)
-        return out, residual_out, scales
+        return out, residual_out, returned_scales(fp8, scales, launched=bool(x.shape[0]))
 
     def _shard_table(self, xp: int, pitch: int, plan: CallPlan, first: int, per: int, stream: int) -> tuple[int, int]:
         """(peer table, the row where this rank's rows of the launch start in every input) for the launch over

@@ -59,16 +59,20 @@ class AddRmsnormPlan(LaunchPlan):
         self.q_align = pack // dtype.itemsize // (1 if quant is None else quant.out_ratio)  # out bytes per access
 
     def run(self, out: Any, residual_out: Any, inputs: tuple[int, int, int], eps: float, offset: float,
-            scales: Any = None, global_scale: Any = None) -> None:
-        """One launch; `inputs`: the (x, residual, weight) addresses, 0 for an absent one."""
+            scales: Any = None, global_scale: Any = None, scale_copy: Any = None) -> None:
+        """One launch; `inputs`: the (x, residual, weight) addresses, 0 for an absent one; `scale_copy`: where
+        the kernel writes a static scale's value (None: nowhere)."""
         buf = self.buffer()
         v = buf.values
         v.x, v.residual, v.weight = inputs
         v.out, v.residual_out = out.data_ptr(), residual_out.data_ptr()
         v.scales = 0 if scales is None else scales.data_ptr()
         v.global_scale = 0 if global_scale is None else global_scale.data_ptr()
+        v.scale_copy = 0 if scale_copy is None else scale_copy.data_ptr()
         v.eps, v.weight_offset = eps, offset
         self.launch(raw_stream(self.device), buf)
+        if scale_copy is not None and not self.grid:  # no rows, no kernel: the copy it would have written
+            scale_copy.copy_(scales)
 
 
 _plans: dict[tuple, AddRmsnormPlan] = {}  # per key: the plan of a call whose pointers are as aligned as its strides
@@ -141,12 +145,25 @@ def _checked_plan(key: tuple, x: Any, residual: Any, weight: Any, eps: Any, offs
 
 def quant_tensors(fp8: Optional[dict]) -> dict[str, Any]:
     """The tensors of a quantized call's arguments, by name, for the device checks (none for a T call)."""
-    return {} if fp8 is None else {"scales": fp8["scales"], "global_scale": fp8["global_scale"]}
+    return {} if fp8 is None else {"scales": fp8["scales"], "global_scale": fp8["global_scale"],
+                                   "scales_out": fp8["scale_copy"]}
 
 
-def quant_pointers(fp8: Optional[dict]) -> tuple[Any, Any]:
-    """(scales, global scale) of a call's quantization arguments, for the per-call checks and the launch."""
-    return (None, None) if fp8 is None else (fp8["scales"], fp8["global_scale"])
+def quant_pointers(fp8: Optional[dict]) -> tuple[Any, Any, Any]:
+    """(scales, global scale, static scale's copy) of a call's quantization arguments, for the per-call checks
+    and the launch."""
+    return (None, None, None) if fp8 is None else (fp8["scales"], fp8["global_scale"], fp8["scale_copy"])
+
+
+def returned_scales(fp8: Optional[dict], scales: Any, launched: bool) -> Any:
+    """The scales a quantized cross-GPU call returns: `scales`, or for a static scale given with scales_out,
+    that copy, which the kernel wrote (copied here for a call that `launched` nothing)."""
+    copy = None if fp8 is None else fp8["scale_copy"]
+    if copy is None:
+        return scales
+    if not launched:
+        copy.copy_(fp8["scales"])
+    return copy
 
 
 def check_quant_values(quant: Optional[QuantCall], fp8: Optional[dict]) -> None:
@@ -163,7 +180,7 @@ def check_fp8_aliasing(quant: QuantCall, x: Any, residual: Any, weight: Any, res
     byte with another operand."""
     static = quant.kind is Quant.STATIC
     scales = fp8["scales"]
-    written = [("out", out)] + ([] if static else [("scales_out", scales)])
+    written = [("out", out)] + ([("scales_out", fp8["scale_copy"])] if static else [("scales_out", scales)])
     others = [("x", x), ("residual", residual), ("weight", weight), ("residual_out", residual_out)] + \
         ([("scale", scales)] if static else []) + [("global_scale", fp8["global_scale"])]
     for i, (name, t) in enumerate(written):
@@ -202,7 +219,8 @@ def add_rmsnorm_fp8(x: Any, residual: Optional[Any], weight: Optional[Any], eps:
     """(q, residual_out, scales): add_rmsnorm's out quantized to FP8 in the same kernel (docs/design.md
     section 1b), bit for bit what torch gives for `(y * (1.0 / s)).clamp(-M, M).to(fp8)` of that out y.
 
-    scale: a one-element float32 tensor on x's device (static; returned as the scales); else, without
+    scale: a one-element float32 tensor on x's device (static; returned as the scales, or with scales_out,
+    a float32 of the scale's shape, written with the scale's value by the kernel and returned); else, without
     group_size, one scale per row (fp32, shape (..., 1)); with group_size G, one per G columns (shape
     (..., n / G); G divides n into whole 16-byte packs). Dynamic scales are max(amax / M, 1 / (512 M)) with
     M = 448 for float8_e4m3fn, 240 for float8_e4m3fnuz. Per-group scales come as scales_format says: "fp32"
@@ -249,9 +267,11 @@ def _quantized(x: Any, residual: Any, weight: Any, eps: Any, weight_offset: Any,
     quant = plan.quant
     out = quant.new_out(x) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
-    scales = quant.new_scales(x.device) if fp8["scales"] is None else fp8["scales"]
-    plan.run(out, residual_out, inputs, eps, weight_offset, scales, fp8["global_scale"])
-    return out, residual_out, scales
+    scales, copy = fp8["scales"], fp8["scale_copy"]
+    if scales is None:
+        scales = quant.new_scales(x.device)
+    plan.run(out, residual_out, inputs, eps, weight_offset, scales, fp8["global_scale"], copy)
+    return out, residual_out, scales if copy is None else copy
 
 
 def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float,

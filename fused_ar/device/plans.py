@@ -172,10 +172,11 @@ def quant_key(fp8: dict[str, Any]) -> tuple:
     out, as rmsnorm_key is: this runs on every call. The types of the integer and boolean arguments are part
     of it: 128.0 == 128 and 1 == True, but the checks refuse a float group size and a non-bool flag, and a
     key shared with an accepted value would skip them. fp8_dtype keys as given (validation reads its name)."""
-    scales, global_scale = fp8["scales"], fp8["global_scale"]
+    scales, global_scale, copy = fp8["scales"], fp8["global_scale"], fp8["scale_copy"]
     group, mn_major, swizzled = fp8["group_size"], fp8["scales_mn_major"], fp8["swizzled"]
     return (fp8["scale"] is None, group, type(group), fp8["fp8_dtype"],
             None if scales is None else (scales.shape, scales.dtype, scales.stride(), scales.device),
+            None if copy is None else (copy.shape, copy.dtype, copy.device),
             fp8["scales_format"], mn_major, type(mn_major), fp8["fp4"], swizzled, type(swizzled),
             None if global_scale is None else (global_scale.shape, global_scale.dtype, global_scale.stride(),
                                                global_scale.device))
@@ -184,10 +185,12 @@ def quant_key(fp8: dict[str, Any]) -> tuple:
 def fp8_arguments(scale: Any, group_size: Any, fp8_dtype: Any, scales_format: Any, scales_mn_major: Any,
                   scales_out: Any) -> dict[str, Any]:
     """An FP8 call's arguments as every FP8 op passes them on, with `scales` the tensor the kernel reads or
-    writes (the static scale, or the given scales_out)."""
+    writes (the static scale, or the given scales_out) and `scale_copy` the scales_out given with a static
+    scale (the kernel writes the scale's value there, and the call returns it)."""
+    static = scale is not None
     return {"scale": scale, "group_size": group_size, "fp8_dtype": fp8_dtype, "scales_format": scales_format,
-            "scales_mn_major": scales_mn_major, "scales": scale if scale is not None else scales_out, "fp4": None,
-            "swizzled": False, "global_scale": None}
+            "scales_mn_major": scales_mn_major, "scales": scale if static else scales_out,
+            "scale_copy": scales_out if static else None, "fp4": None, "swizzled": False, "global_scale": None}
 
 
 def fp4_arguments(fp4_format: Any, global_scale: Any, scales_swizzled: Any, scales_out: Any) -> dict[str, Any]:
@@ -197,11 +200,12 @@ def fp4_arguments(fp4_format: Any, global_scale: Any, scales_swizzled: Any, scal
 
 
 def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[int, int, int], residual_out: Any,
-                    out: Any, scales: Any, global_scale: Any = None) -> bool:
+                    out: Any, scales: Any, global_scale: Any = None, scale_copy: Any = None) -> bool:
     """Per call, for quantized output: out's rows aligned to `q_align` bytes, and out's and the scales' spans
     (q_spans) disjoint from every other operand's (`inputs`: the x, residual, weight addresses, 0 for an
     absent one, whose span is then 0; spans in rmsnorm_key's order as the plan recorded them; NVFP4's global
-    scale, read). Straight-line comparisons: this runs on every call."""
+    scale, read), and so is a static scale's copy (one float, written). Straight-line comparisons: this runs
+    on every call."""
     xp, rp, wp = inputs
     xs, rs, ws, _, ros = spans
     rop, gp, gs = (0 if residual_out is None else residual_out.data_ptr()), 0, 0
@@ -215,23 +219,32 @@ def fp8_pointers_ok(spans: tuple, q_spans: tuple, q_align: int, inputs: tuple[in
                                 (end <= wp or wp + ws <= op) and (end <= rop or rop + ros <= op) and
                                 (end <= gp or gp + gs <= op)):
             return False
+    sp, ss = 0, 0
     if scales is not None:
         sp = scales.data_ptr()
         end = sp + q_spans[1]
-        return ((end <= xp or xp + xs <= sp) and (end <= rp or rp + rs <= sp) and (end <= wp or wp + ws <= sp) and
-                (end <= rop or rop + ros <= sp) and (end <= gp or gp + gs <= sp) and (end <= op or op + os_ <= sp))
+        if not ((end <= xp or xp + xs <= sp) and (end <= rp or rp + rs <= sp) and (end <= wp or wp + ws <= sp) and
+                (end <= rop or rop + ros <= sp) and (end <= gp or gp + gs <= sp) and (end <= op or op + os_ <= sp)):
+            return False
+        ss = q_spans[1]
+    if scale_copy is not None:
+        cp = scale_copy.data_ptr()
+        end = cp + 4
+        return ((end <= xp or xp + xs <= cp) and (end <= rp or rp + rs <= cp) and (end <= wp or wp + ws <= cp) and
+                (end <= rop or rop + ros <= cp) and (end <= gp or gp + gs <= cp) and (end <= op or op + os_ <= cp)
+                and (end <= sp or sp + ss <= cp))
     return True
 
 
 def call_inputs(plan: Any, x: Any, residual: Any, weight: Any, out: Any, residual_out: Any,
-                scales: Any, global_scale: Any = None) -> Optional[tuple[int, int, int]]:
+                scales: Any, global_scale: Any = None, scale_copy: Any = None) -> Optional[tuple[int, int, int]]:
     """Every per-call pointer check of an add + RMSNorm plan (its spans, align, in_place; for quantized output
     its quant, q_spans, q_align): the (x, residual, weight) addresses when all pass, else None."""
     if plan.quant is None:
         return rmsnorm_pointers(plan.spans, plan.align, plan.in_place, x, residual, weight, out, residual_out)
     inputs = rmsnorm_pointers(plan.spans, plan.align, plan.in_place, x, residual, weight, None, residual_out)
     if inputs is None or not fp8_pointers_ok(plan.spans, plan.q_spans, plan.q_align, inputs, residual_out, out, scales,
-                                             global_scale):
+                                             global_scale, scale_copy):
         return None
     return inputs
 

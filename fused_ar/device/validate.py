@@ -389,7 +389,8 @@ def check_fp8_call(x: Any, call: RmsnormCall, fp8: dict[str, Any], native: Fp8Fo
     else:
         quant = check_quant(x, call.x.cols, call.x.dtype, fp8["scale"], fp8["group_size"], fp8["fp8_dtype"], native,
                             fp8["scales_format"], fp8["scales_mn_major"])
-    return quant, check_quant_outputs(quant, x, out, fp8["scales"] if quant.kind is not Quant.STATIC else None)
+    static = quant.kind is Quant.STATIC
+    return quant, check_quant_outputs(quant, x, out, fp8["scale_copy"] if static else fp8["scales"])
 
 
 # fp4_format -> the kind: NVFP4, or MXFP4 with OCP's rounding of the scale, AMD aiter's (RCEIL) or Quark's (EVEN)
@@ -449,7 +450,8 @@ def check_scale_value(scale: Any, name: str = "scale") -> None:
 
 def check_quant_outputs(quant: QuantCall, x: Any, out: Any, scales_out: Any) -> Optional[RowsShape]:
     """The quantized out (FP8: x's shape in the format's dtype; FP4: uint8 bytes of n / 2; rows) and the
-    scales (quant's shape, dtype and strides; none for a static scale). Returns out's layout when given."""
+    scales (quant's shape, dtype and strides; with a static scale, the copy of it: one float32 of its shape).
+    Returns out's layout when given."""
     layout = None
     if out is not None:
         _tensor("out", out)
@@ -462,9 +464,12 @@ def check_quant_outputs(quant: QuantCall, x: Any, out: Any, scales_out: Any) -> 
             raise InputError(f"out with shape {tuple(out.shape)} and strides {out.stride()} is not rows")
         layout = RowsShape(DType.FP32, x.numel() // x.shape[-1], quant.out_cols, stride)  # dtype: unused here
     if scales_out is not None:
-        if quant.kind is Quant.STATIC:
-            raise InputError("scales_out was given with a static scale: the scale is the call's own")
         _tensor("scales_out", scales_out)
+        if quant.kind is Quant.STATIC:  # the scale's copy: one float32, shaped as the scale
+            if scales_out.dtype != _torch_dtype("float32") or tuple(scales_out.shape) != quant.scales_shape:
+                raise InputError(f"scales_out has dtype {scales_out.dtype} and shape {tuple(scales_out.shape)}: with "
+                                 f"a static scale it receives the scale's value, float32 of shape {quant.scales_shape}")
+            return layout
         if scales_out.dtype != _torch_dtype(quant.scales_dtype) or tuple(scales_out.shape) != quant.scales_shape \
                 or (scales_out.numel() and tuple(scales_out.stride()) != quant.scales_strides):
             raise InputError(f"scales_out has dtype {scales_out.dtype}, shape {tuple(scales_out.shape)} and strides "

@@ -198,7 +198,8 @@ ADD_RMSNORM = register(KernelDef(
             ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32), ("weight_offset", Arg.F32),
             ("x_stride", Arg.I64), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
             ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
-            ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR), ("scales_row0", Arg.I32)),
+            ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR), ("scales_row0", Arg.I32),
+            ("scale_copy", Arg.PTR)),
     ngpus=(1,),
     warm_blocks=BLOCK_SIZES,
     constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec), "FA_MIN_BLOCKS": add_rmsnorm_min_blocks(spec)},
@@ -339,8 +340,8 @@ _FUSED_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("resi
                  ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
                  ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
                  ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR),
-                 ("scales_row0", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32),
-                 ("stage_src", Arg.PTR))
+                 ("scales_row0", Arg.I32), ("scale_copy", Arg.PTR), ("timeout_ns", Arg.I64),
+                 ("release_early", Arg.I32), ("stage_src", Arg.PTR))
 _ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
                      ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32),
                      ("stage_src", Arg.PTR))

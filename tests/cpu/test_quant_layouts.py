@@ -17,6 +17,9 @@ from fused_ar.jit.spec import DType, Fp8Format, KernelSpec, Quant
 from fused_ar.reference import pack_ue8m0
 
 
+_SCALE = torch.ones(1)
+
+
 def quant(shape, scales_format="fp32", mn_major=False, group=128):
     x = torch.empty(shape, dtype=torch.bfloat16)
     return check_quant(x, shape[-1], DType.BF16, None, group, None, Fp8Format.E4M3FN, scales_format, mn_major)
@@ -75,6 +78,10 @@ def no_plan(monkeypatch):
     ({"group_size": 128, "scales_format": "ue8m0_packed", "scales_mn_major": True,
       "scales_out": torch.empty(4, 1, dtype=torch.int32)}, r"strides \(1, 1\): it must be int32 .* strides \(1, 4\)"),
     ({"group_size": 128, "scales_mn_major": True, "scales_out": torch.empty(4, 2)}, r"strides \(1, 4\)"),
+    ({"scale": torch.ones(1), "scales_out": torch.empty(1, dtype=torch.float16)},
+     r"scales_out has dtype torch.float16 and shape \(1,\): with a static scale it receives the scale's value"),
+    ({"scale": torch.ones(1), "scales_out": torch.empty(())}, r"float32 of shape \(1,\)"),
+    ({"scale": _SCALE, "scales_out": _SCALE}, "scales_out overlaps scale"),
 ])
 def test_bad_scale_arguments_are_refused(no_plan, kwargs, match):
     x = torch.randn(4, 256, dtype=torch.bfloat16)

@@ -112,14 +112,14 @@ def test_devices_must_agree():
         ops.add_rmsnorm(x, r, w.to("meta"))
 
 
-GOOD_ARGS = (1 << 40, 2, 3, 4, 5, 7, 4096, 1e-6, 1.0, 4096, 4096, 8192, 4096, 0, 128, 32, 1, 0, 0)
+GOOD_ARGS = (1 << 40, 2, 3, 4, 5, 7, 4096, 1e-6, 1.0, 4096, 4096, 8192, 4096, 0, 128, 32, 1, 0, 0, 0)
 
 
 def test_args_pack_as_c_types():
     packed = pack_args(ADD_RMSNORM, GOOD_ARGS)
     assert [type(v) for v in packed] == [ctypes.c_void_p] * 5 + [ctypes.c_int32] * 2 + [ctypes.c_float] * 2 + \
         [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                 ctypes.c_int32]
+                                 ctypes.c_int32, ctypes.c_void_p]
     assert packed[0].value == 1 << 40 and packed[7].value == pytest.approx(1e-6) and packed[11].value == 8192
 
 
@@ -131,7 +131,7 @@ def _with(index, value):
     (_with(5, 7.0), "argument rows of add_rmsnorm must be an int"),
     (_with(5, 2**31), "rows=2147483648 .* does not fit int"),
     (_with(0, -1), "out=-1"),
-    (GOOD_ARGS[:8], "takes 19 arguments"),
+    (GOOD_ARGS[:8], "takes 20 arguments"),
     (_with(5, True), "argument rows of add_rmsnorm must be an int"),
     (_with(9, 2**63), "x_stride=9223372036854775808 .* does not fit long long"),
 ])

@@ -124,9 +124,37 @@ def test_bad_fp8_input_is_refused():
                           ({"fp8_dtype": torch.float16}, "fp8_dtype"),
                           ({"scale": torch.tensor([1.0], device="cuda"), "group_size": 128}, "both given"),
                           ({"out": torch.empty(4, 256, device="cuda", dtype=torch.float8_e5m2)}, "out has dtype"),
-                          ({"scales_out": torch.empty(4, 2, device="cuda")}, "scales_out has")):
+                          ({"scales_out": torch.empty(4, 2, device="cuda")}, "scales_out has"),
+                          ({"scale": torch.tensor([1.0], device="cuda"), "scales_out": torch.empty(2, device="cuda")},
+                           "it receives the scale's value, float32 of shape \\(1,\\)"),
+                          ({"scale": torch.tensor([1.0], device="cuda"), "scales_out": torch.empty(1)},
+                           "scales_out is on cpu")):
         with pytest.raises(InputError, match=match):
             fused_ar.add_rmsnorm_fp8(x, x, None, **kwargs)
+
+
+@pytest.mark.parametrize("m", [0, 1, 7, 1000])
+def test_static_scale_copied_by_the_kernel(m):
+    """A static scale with scales_out: the kernel writes the scale's value there and the call returns it (the
+    torch op's fresh scales, no copy launch); a call without it returns the scale and writes nowhere else."""
+    n = 2048
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    scale = torch.tensor([0.03], device="cuda")
+    copy = torch.full_like(scale, float("nan"))
+    q, ro, s = fused_ar.add_rmsnorm_fp8(x, residual, None, scale=scale, scales_out=copy)
+    assert s is copy and torch.equal(copy, scale)
+    copy.fill_(float("nan"))
+    q2, _, s2 = fused_ar.add_rmsnorm_fp8(x, residual, None, scale=scale)
+    torch.cuda.synchronize()
+    assert s2 is scale and torch.equal(_bits(q), _bits(q2)) and torch.isnan(copy).all()
+    import fused_ar.torch_ops  # noqa: F401
+
+    q3, _, s3 = torch.ops.fused_ar.add_rmsnorm_fp8(x, residual, None, 1e-6, scale=scale)
+    assert s3.data_ptr() != scale.data_ptr() and torch.equal(s3, scale) and torch.equal(_bits(q3), _bits(q))
+    if m:  # written: it may not share a byte with an input
+        with pytest.raises(InputError, match="scales_out overlaps x"):
+            fused_ar.add_rmsnorm_fp8(x, residual, None, scale=scale, scales_out=x.view(torch.float32).view(-1)[:1])
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4, 5], ids=lambda n: f"N{n}")
@@ -149,9 +177,10 @@ def test_communicator_fp8_matches_torch(group, fmt, mode, group_size, dtype, m, 
     scale = torch.tensor([0.05], device="cuda") if mode == "static" else None
     fp8 = FORMATS[fmt][0]
     plain = [(torch.empty_like(residual), torch.empty_like(residual)) for _ in comms]
+    # a static scale's scales_out receives its value (written by the kernel on every rank)
     quant = [(torch.empty(m, n, device="cuda", dtype=fp8), torch.empty_like(residual),
-              None if scale is not None else torch.empty(torch_quant(residual, mode, fmt, scale, group_size)[1].shape,
-                                                         device="cuda")) for _ in comms]
+              torch.full_like(scale, float("nan")) if scale is not None else
+              torch.empty(torch_quant(residual, mode, fmt, scale, group_size)[1].shape, device="cuda")) for _ in comms]
     run_ranks(group, lambda r, c: c.allreduce_rmsnorm(xs[r], residual, weight, path=path, out=plain[r][0],
                                                       residual_out=plain[r][1]))
     run_ranks(group, lambda r, c: c.allreduce_rmsnorm_fp8(xs[r], residual, weight, scale=scale, group_size=group_size,
@@ -161,8 +190,7 @@ def test_communicator_fp8_matches_torch(group, fmt, mode, group_size, dtype, m, 
     for r in range(len(comms)):
         assert torch.equal(quant[r][1], plain[0][1])
         assert torch.equal(_bits(quant[r][0]), _bits(ref_q)), f"rank {r}"
-        if scale is None:
-            assert torch.equal(quant[r][2], ref_s)
+        assert torch.equal(quant[r][2], ref_s if scale is None else scale), f"rank {r}"
 
 
 def test_200_fp8_calls_back_to_back(group):

@@ -87,14 +87,17 @@ def test_reduce_scatter_fp8_rows_are_the_fused_fp8_rows(group, fmt, mode, group_
                                                                      out=fulls[r][0], residual_out=fulls[r][1]))
         bounds = [c.shard_rows(m) for c in comms]
         shards = [(torch.empty(hi - lo, n, device="cuda", dtype=fp8), poisoned(residual[lo:hi])) for lo, hi in bounds]
+        # a static scale's scales_out receives its value on every rank, one whose shard is empty too
+        copies = [None if scale is None else torch.full_like(scale, float("nan")) for _ in comms]
         got = run_ranks(group, lambda r, c: c.reduce_scatter_rmsnorm_fp8(
             xs[r], residual[bounds[r][0]:bounds[r][1]], weight, scale=scale, group_size=group_size, fp8_dtype=fp8,
-            out=shards[r][0], residual_out=shards[r][1]))
+            out=shards[r][0], residual_out=shards[r][1], scales_out=copies[r]))
         q, ro, s = full[0]
         for r, ((lo, hi), (gq, gro, gs)) in enumerate(zip(bounds, got)):
             assert torch.equal(gq.view(torch.uint8), q[lo:hi].view(torch.uint8)), f"m={m} rank {r}: FP8 bytes"
             assert torch.equal(gro, ro[lo:hi]), f"m={m} rank {r}: residual_out"
             assert torch.equal(gs, s if scale is not None else s[lo:hi]), f"m={m} rank {r}: scales"
+            assert scale is None or gs is copies[r], f"m={m} rank {r}: the scale's copy"
 
 
 def test_in_place_with_empty_shards(group):
