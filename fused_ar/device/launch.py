@@ -29,17 +29,15 @@ def arch_of(device: int) -> str:
 
 def spec_for(op: Op, dtype: DType, device: int, block: int, ngpus: int = 1, pack: int = DEFAULT_PACK,
              weight: WeightKind = WeightKind.SAME, residual: bool = True, inplace: bool = False,
-             quant: Quant = Quant.NONE, fp8: Fp8Format = Fp8Format.E4M3FN, short_rows: bool = False,
-             one_pack: bool = False) -> KernelSpec:
-    return _spec(op, dtype, arch_of(device), pack, ngpus, block, weight, residual, inplace, quant, fp8, short_rows,
-                 one_pack)
+             quant: Quant = Quant.NONE, fp8: Fp8Format = Fp8Format.E4M3FN, short_rows: bool = False) -> KernelSpec:
+    return _spec(op, dtype, arch_of(device), pack, ngpus, block, weight, residual, inplace, quant, fp8, short_rows)
 
 
 @lru_cache(maxsize=4096)
 def _spec(op: Op, dtype: DType, arch: str, pack: int, ngpus: int, block: int, weight: WeightKind, residual: bool,
-          inplace: bool, quant: Quant, fp8: Fp8Format, short_rows: bool, one_pack: bool) -> KernelSpec:
+          inplace: bool, quant: Quant, fp8: Fp8Format, short_rows: bool) -> KernelSpec:
     """Specs are values: build (and validate) each once per process, not on every call."""
-    return KernelSpec(op, dtype, arch, pack, ngpus, block, weight, residual, inplace, quant, fp8, short_rows, one_pack)
+    return KernelSpec(op, dtype, arch, pack, ngpus, block, weight, residual, inplace, quant, fp8, short_rows)
 
 
 def function(spec: KernelSpec, device: int) -> Any:

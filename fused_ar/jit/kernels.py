@@ -69,7 +69,7 @@ def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[i
     if variants:
         specs += [v for s in base for v in variant_specs(s)]
     if fp8:
-        specs += [v for s in base for v in fp8_specs(s) + one_pack_specs(s)]
+        specs += [v for s in base for v in fp8_specs(s)]
     return specs
 
 
@@ -101,14 +101,12 @@ def check_specs(arch: str) -> list[KernelSpec]:
                 widest[key] = spec
     # The power-of-two and FP4 kinds differ from the per-group kind only in the row's epilogue: each short-row
     # kernel compiles them once, its variants (weights, residual, in place) with the FP8 kinds alone; MXFP4's
-    # other roundings differ from OCP's in one function, compiled with the short-row kernels only. The one-pack
-    # kernels differ from their short-row kernels only in the packs a thread keeps: bf16's.
+    # other roundings differ from OCP's in one function, compiled with the short-row kernels only.
     return [v for (_, _, fp8), spec in widest.items() for v in (fp8_specs(spec) if fp8 else variant_specs(spec))
             if v.quant.mxfp4_rounding == 0] + \
         [v for spec in short for v in variant_specs(spec)] + \
         [v for spec in short for base in [spec] + variant_specs(spec) for v in fp8_specs(base)
-         if base is spec or v.quant in (Quant.STATIC, Quant.TOKEN, Quant.GROUP)] + \
-        [v for spec in short if spec.dtype is DType.BF16 for v in one_pack_specs(spec)]
+         if base is spec or v.quant in (Quant.STATIC, Quant.TOKEN, Quant.GROUP)]
 
 
 def variant_specs(spec: KernelSpec) -> list[KernelSpec]:
@@ -128,8 +126,6 @@ def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
     block * this many packs take the kernel's re-read path. 4 below 1024 threads, SHORT_ROW_PACKS for short
     rows. At 1024 a thread may hold 64 registers on sm_90 and 128 VGPRs on gfx942: 4 packs spill there
     (clang-19 remarks), and fp32, whose sum of squares is double, spills at 2 (ptxas -v: 4 bytes), so 2 and 1."""
-    if spec.one_pack:
-        return 1
     if spec.block < 1024:
         return SHORT_ROW_PACKS if spec.short_rows else 4
     # an fp32 weight of a 16-bit x doubles the weight registers, and FP8 output with per-group scales keeps
@@ -239,33 +235,11 @@ def add_rmsnorm_kernel(packs_per_row: int) -> tuple[int, bool]:
 ONE_PACK_MAX_ROWS = 64
 
 
-def lane_epilogue_block(packs_per_row: int, rows: int, block: int) -> tuple[int, bool]:
-    """(block, one_pack) of a short-row call with a lane-shuffle epilogue: one pack a thread for at most
-    ONE_PACK_MAX_ROWS rows where that fits SHORT_ROW_MAX_BLOCK threads, built for it (KernelSpec.one_pack: one
-    register pack, one partial sum, no code for a second pack), else `block` (the T call's) and its kernel."""
+def lane_epilogue_block(packs_per_row: int, rows: int, block: int) -> int:
+    """The block of a short-row call with a lane-shuffle epilogue: one pack a thread for at most
+    ONE_PACK_MAX_ROWS rows where that fits SHORT_ROW_MAX_BLOCK threads, else `block` (the T call's)."""
     one_pack = _fewest_threads(packs_per_row, 1)
-    if rows <= ONE_PACK_MAX_ROWS and one_pack <= SHORT_ROW_MAX_BLOCK and one_pack >= packs_per_row:
-        return one_pack, True
-    return block, False
-
-
-def lane_epilogue(quant: Quant, group: int, pack_elems: int) -> bool:
-    """Whether a quantized output's amax is a lane shuffle: FP4, and per-group FP8 whose groups fill a run
-    of lanes (group_in_lanes)."""
-    return quant.fp4 or (quant.per_group and group_in_lanes(group, pack_elems))
-
-
-# The per-group FP8 width that block-FP8 GEMMs read (DeepSeek's 1 x 128): the groups warm builds one-pack kernels for.
-WARM_GROUP = 128
-
-
-def one_pack_specs(spec: KernelSpec) -> list[KernelSpec]:
-    """The one-pack kernels of a short-row spec's lane-shuffle outputs (lane_epilogue_block), at the blocks
-    that take them: what warm builds beside fp8_specs."""
-    if not spec.short_rows or spec.block > SHORT_ROW_MAX_BLOCK or spec.quant is not Quant.NONE:
-        return []
-    return [replace(v, one_pack=True) for v in fp8_specs(spec)
-            if lane_epilogue(v.quant, WARM_GROUP, spec.pack_elems)]
+    return one_pack if rows <= ONE_PACK_MAX_ROWS and one_pack <= SHORT_ROW_MAX_BLOCK else block
 
 
 def long_row_block(packs_per_row: int) -> int:

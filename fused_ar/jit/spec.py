@@ -209,7 +209,6 @@ class KernelSpec:
     quant: Quant = Quant.NONE  # RMSNorm ops only: out in T or FP8
     fp8: Fp8Format = Fp8Format.E4M3FN  # with quant: the FP8 format
     short_rows: bool = False  # add_rmsnorm with T output only: rows of at most 2 packs a thread (kernels.py)
-    one_pack: bool = False  # a short-row kernel for rows of at most `block` packs: one a thread (kernels.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", Op(self.op))
@@ -227,10 +226,8 @@ class KernelSpec:
         if self.op.value not in RMSNORM_OPS and (self.weight is not WeightKind.SAME or not self.residual
                                                  or self.inplace or self.quant is not Quant.NONE):
             raise ValueError(f"{self.op.value} has no weight, residual, in-place or FP8 variants")
-        if not all(isinstance(v, bool) for v in (self.residual, self.inplace, self.short_rows, self.one_pack)):
-            raise ValueError("residual, inplace, short_rows and one_pack are booleans")
-        if self.one_pack and not self.short_rows:
-            raise ValueError("one_pack is a variant of the short-row kernel (short_rows=True)")
+        if not all(isinstance(v, bool) for v in (self.residual, self.inplace, self.short_rows)):
+            raise ValueError("residual, inplace and short_rows are booleans")
         if self.quant.fp4 and self.pack != DEFAULT_PACK:
             raise ValueError(f"FP4 output takes {DEFAULT_PACK}-byte packs (whole bytes of codes), not pack={self.pack}")
         if self.short_rows and self.op is not Op.ADD_RMSNORM:
@@ -254,7 +251,7 @@ class KernelSpec:
         variant = ("" if self.weight is WeightKind.SAME else f"_w{self.weight.value}") + \
             ("" if self.residual else "_nores") + ("_inplace" if self.inplace else "") + \
             ("" if self.quant is Quant.NONE else f"_q{self.quant.value}_{self.fp8.value}") + \
-            ("_short" if self.short_rows else "") + ("_one" if self.one_pack else "")
+            ("_short" if self.short_rows else "")
         return f"fa_{self.op.value}_{self.dtype.value}_p{self.pack}_g{self.ngpus}_b{self.block}{variant}"
 
     def to_dict(self) -> dict[str, Union[str, int]]:
@@ -269,11 +266,10 @@ class KernelSpec:
 
     def __str__(self) -> str:
         defaults = {"weight": "same", "residual": True, "inplace": False, "quant": "none", "fp8": "e4m3fn",
-                    "short_rows": False, "one_pack": False}
+                    "short_rows": False}
         variant = "".join(f", {k}={v}" for k, v in (("weight", self.weight.value), ("residual", self.residual),
                                                    ("inplace", self.inplace), ("quant", self.quant.value),
-                                                   ("fp8", self.fp8.value), ("short_rows", self.short_rows),
-                                                   ("one_pack", self.one_pack))
+                                                   ("fp8", self.fp8.value), ("short_rows", self.short_rows))
                           if v != defaults[k])
         return (f"KernelSpec({self.op.value}, {self.dtype.value}, {self.arch}, pack={self.pack}, "
                 f"ngpus={self.ngpus}, block={self.block}{variant})")

@@ -9,7 +9,7 @@ import pytest
 
 from fused_ar.jit.kernels import all_kernels, warm_matrix
 from fused_ar.jit.render import kernels_src_dir, render
-from fused_ar.jit.spec import DType, KernelSpec, Op, Platform, Quant, platform_of_arch
+from fused_ar.jit.spec import DType, KernelSpec, Op, Platform, platform_of_arch
 
 
 def test_spec_is_hashable_and_normalizes_strings():
@@ -140,25 +140,12 @@ def test_short_rows_policy_and_warm_matrix_agree(dtype, cols, block, short):
 
 def test_lane_epilogue_takes_one_pack_a_thread_only_for_few_short_rows():
     """Per-group FP8 in lanes and FP4 at most ONE_PACK_MAX_ROWS rows: one pack a thread up to
-    SHORT_ROW_MAX_BLOCK threads (bf16 n = 4096: 512 threads for the T call's 256), in the kernel built for one
-    pack (one register pack), else the T call's block and kernel; warm builds the one-pack kernels."""
-    from fused_ar.jit.kernels import (ONE_PACK_MAX_ROWS, SHORT_ROW_MAX_BLOCK, add_rmsnorm_kernel, add_rmsnorm_reg_packs,
-                                      lane_epilogue, lane_epilogue_block, warm_matrix)
+    SHORT_ROW_MAX_BLOCK threads (bf16 n = 4096: 512 threads for the T call's 256), else the T call's block."""
+    from fused_ar.jit.kernels import ONE_PACK_MAX_ROWS, SHORT_ROW_MAX_BLOCK, add_rmsnorm_kernel, lane_epilogue_block
 
     for packs, t_block, one_pack in [(512, 256, 512), (257, 256, 512), (256, 256, 256), (8, 256, 256),
-                                     (1024, 512, None), (640, 512, None)]:
+                                     (1024, 512, 512), (640, 512, 512)]:
         assert add_rmsnorm_kernel(packs) == (t_block, True)
-        few = (t_block, False) if one_pack is None else (one_pack, True)
-        assert lane_epilogue_block(packs, 1, t_block) == few and few[0] <= SHORT_ROW_MAX_BLOCK
-        assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS, t_block) == few
-        assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS + 1, t_block) == (t_block, False)
-    assert lane_epilogue(Quant.GROUP, 128, 8) and lane_epilogue(Quant.NVFP4, 16, 8)
-    assert not lane_epilogue(Quant.GROUP, 96, 8) and not lane_epilogue(Quant.STATIC, 0, 8)
-    spec = KernelSpec("add_rmsnorm", "bf16", "sm_90", block=512, short_rows=True, quant=Quant.GROUP, one_pack=True)
-    assert add_rmsnorm_reg_packs(spec) == 1 and spec.kernel_name.endswith("_short_one") and "one_pack=True" in str(spec)
-    with pytest.raises(ValueError, match="one_pack"):
-        KernelSpec("add_rmsnorm", "bf16", "sm_90", quant=Quant.GROUP, one_pack=True)
-    warm = warm_matrix(["sm_90"], [DType.BF16], [1], fp8=True)
-    assert spec in warm and {s.quant for s in warm if s.one_pack} == \
-        {Quant.GROUP, Quant.GROUP_POW2, Quant.GROUP_UE8M0, Quant.NVFP4, Quant.NVFP4_SWIZZLED, Quant.MXFP4,
-         Quant.MXFP4_RCEIL, Quant.MXFP4_EVEN}
+        assert lane_epilogue_block(packs, 1, t_block) == one_pack <= SHORT_ROW_MAX_BLOCK
+        assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS, t_block) == one_pack
+        assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS + 1, t_block) == t_block
