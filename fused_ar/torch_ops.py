@@ -188,7 +188,7 @@ def _fp8_outputs(x: torch.Tensor, scale: Any, group_size: Any, fp8_dtype: Any, s
     native = native_fp8(arch_of(x.device.index)) if fp8_dtype is None else None
     quant = check_quant(x, x.shape[-1], DType.parse(x.dtype), scale, group_size, fp8_dtype, native, scales_format,
                         scales_mn_major)
-    scales = scale.new_empty(scale.shape) if scale is not None else quant.new_scales(x.device)
+    scales = torch.empty_like(scale) if scale is not None else quant.new_scales(x.device)  # as _scale_copy
     return quant.new_out(x), torch.empty_like(x), scales
 
 
