@@ -1,7 +1,8 @@
 // add_rmsnorm: residual_out = T(x + residual) (x itself without a residual); out = T(RMSNorm(residual_out) *
 // (weight + offset)) (docs/design.md sections 1 and 1b with N = 1). One block per row, rows taken
 // grid-stride; every operand has its own row stride (elements). Any row width: packs of FA_PACK_BYTES, then a
-// narrower tail; FA_PACK_BYTES is the element size where row starts are not 16-byte aligned.
+// narrower tail; FA_PACK_BYTES is the element size where row starts are not 16-byte aligned. scale_copy (static
+// FP8 only; else 0): where one thread writes the static scale's value, the scales a torch op returns.
 #include "fa_rmsnorm.h"
 
 // Register bounds (fused_ar/kernels.py, FA_MIN_BLOCKS): under __launch_bounds__(FA_BLOCK) alone ptxas held the

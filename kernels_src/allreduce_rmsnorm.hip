@@ -6,7 +6,8 @@
 // every rank's tmp; a barrier; stage 2 runs add + RMSNorm on the complete rows in the local tmp.
 // Both end with a barrier, so no rank starts overwriting buffers (input, tmp) that a peer still reads.
 // stage_src (eager calls, contiguous x; else 0): x itself, which each block copies into the staging buffer
-// before the start barrier (fa_stage_packs); 0: the inputs are staged or registered already.
+// before the start barrier (fa_stage_packs); 0: the inputs are staged or registered already. scale_copy (static
+// FP8; else 0): this rank's copy of the static scale, written by one thread (the scales a torch op returns).
 // FA_SCATTER 1 (reduce_scatter_rmsnorm, one-stage): this rank reduces only its `rows` rows, which start at
 // row `first_row` of the inputs, and writes them from row 0 of its outputs; the descriptor names the whole
 // call's `all_rows`, and every rank runs the same grid (its shard may be shorter, or empty).
