@@ -155,8 +155,8 @@ def quant_pointers(fp8: Optional[dict]) -> tuple[Any, Any, Any]:
 
 
 def returned_scales(fp8: Optional[dict], scales: Any, launched: bool) -> Any:
-    """The scales a quantized cross-GPU call returns: `scales`, or for a static scale given with scales_out,
-    that copy, which the kernel wrote (copied here for a call that `launched` nothing)."""
+    """The scales a quantized call returns: `scales`, or for a static scale given with scales_out, that copy,
+    which the kernel wrote (copied here for a call that `launched` nothing)."""
     copy = None if fp8 is None else fp8["scale_copy"]
     if copy is None:
         return scales
@@ -266,11 +266,9 @@ def _quantized(x: Any, residual: Any, weight: Any, eps: Any, weight_offset: Any,
     quant = plan.quant
     out = quant.new_out(x) if out is None else out
     residual_out = torch.empty_like(x) if residual_out is None else residual_out
-    scales, copy = fp8["scales"], fp8["scale_copy"]
-    if scales is None:
-        scales = quant.new_scales(x.device)
-    plan.run(out, residual_out, inputs, eps, weight_offset, scales, fp8["global_scale"], copy)
-    return out, residual_out, scales if copy is None else copy
+    scales = quant.new_scales(x.device) if fp8["scales"] is None else fp8["scales"]
+    plan.run(out, residual_out, inputs, eps, weight_offset, scales, fp8["global_scale"], fp8["scale_copy"])
+    return out, residual_out, returned_scales(fp8, scales, launched=True)  # run copies where it launches nothing
 
 
 def add_rmsnorm_into(out: Any, residual_out: Any, x: Any, residual: Optional[Any], weight: Optional[Any], eps: float,
