@@ -1,0 +1,133 @@
+"""Kernel-source variants of the local add_rmsnorm family timed against each other in one process, on one GPU:
+
+    git archive HEAD kernels_src | tar x -C /tmp/a      # the base: a directory holding kernels_src
+    cp -r kernels_src /tmp/b/                            # the change under test
+    python3 scripts/ab_kernels.py /tmp/a,/tmp/b --shapes 1x4096,256x8192 --modes bf16,static,group --out DIR
+
+Each variant's kernels are rendered from its own kernels_src (they key the cache apart by their text) and
+captured into a CUDA graph of CALLS in-place calls per shape and output kind; the replays of all variants'
+graphs are taken in turn, rotating which goes first, and the median per call is reported with its ratio to
+the first variant's. Before timing, one fresh call of each variant writes new outputs whose bytes are
+compared with the first variant's: `diff` counts the differing bytes (a change must keep them 0). The same
+base given twice measures the harness itself (bench/results/peers_h100/ab_kernels_2026-12-07.md: within
+0.8%). Writes ab.txt and ab.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fused_ar
+from fused_ar.bench.peers import NVFP4_GLOBAL_SCALE
+from fused_ar.device import launch, ops
+from fused_ar.jit import render
+
+CALLS = 20
+MODES = ("bf16", "static", "token", "group", "ue8m0", "nvfp4", "mxfp4")
+
+
+def use_sources(root: Path) -> None:
+    """Render from `root`'s kernels_src from now on, and forget the plans and functions built from another."""
+    src = root if (root / "fa_platform.h").is_file() else root / "kernels_src"
+    if not (src / "fa_platform.h").is_file():
+        raise SystemExit(f"{root}: neither it nor its kernels_src holds the kernel sources")
+    render.kernels_src_dir = lambda: src
+    render._read.cache_clear()
+    ops._plans.clear()
+    ops._by_pack.clear()
+    launch._functions.clear()
+
+
+def call(mode: str, x: Any, r: Any, w: Any, residual_out: Any, scale: Any, global_scale: Any) -> tuple:
+    eps = 1e-6
+    if mode == "bf16":
+        return fused_ar.add_rmsnorm(x, r, w, eps, residual_out=residual_out)
+    if mode == "static":
+        return fused_ar.add_rmsnorm_fp8(x, r, w, eps, scale=scale, residual_out=residual_out)
+    if mode == "token":
+        return fused_ar.add_rmsnorm_fp8(x, r, w, eps, residual_out=residual_out)
+    if mode in ("group", "ue8m0"):
+        return fused_ar.add_rmsnorm_fp8(x, r, w, eps, group_size=128, residual_out=residual_out,
+                                        scales_format="fp32" if mode == "group" else "ue8m0_packed")
+    return fused_ar.add_rmsnorm_fp4(x, r, w, eps, fp4_format=mode, residual_out=residual_out,
+                                    global_scale=global_scale if mode == "nvfp4" else None)
+
+
+def as_bytes(outputs: tuple) -> list[Any]:
+    return [t.reshape(-1).view(torch.uint8) for t in outputs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", help="comma-separated directories, each a kernels_src or holding one")
+    parser.add_argument("--shapes", default="1x4096,16x4096,1x8192,256x8192", help="m x n, comma-separated")
+    parser.add_argument("--modes", default="bf16,static,group", help=f"comma-separated of {', '.join(MODES)}")
+    parser.add_argument("--replays", type=int, default=31)
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    roots = [Path(v) for v in args.variants.split(",")]
+    names = [root.name or str(root) for root in roots]
+    modes = args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or len(set(names)) != len(names):
+        raise SystemExit(f"unknown modes {unknown}" if unknown else f"variant directories need distinct names: {names}")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    dev = torch.device("cuda")
+    scale = torch.tensor([0.02], device=dev)
+    global_scale = torch.tensor([NVFP4_GLOBAL_SCALE], device=dev)
+    lines, rows = [torch.cuda.get_device_name()], []
+    for m, n in shapes:
+        for mode in modes:
+            gen = torch.Generator(device=dev).manual_seed(m * 7 + n)
+            x, r = (torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(2))
+            w = torch.randn(n, device=dev, dtype=torch.bfloat16, generator=gen)
+            ref, graphs, diffs, keep = None, {}, {}, []
+            for name, root in zip(names, roots):
+                use_sources(root)
+                got = as_bytes(call(mode, x, r, w, torch.empty_like(r), scale, global_scale))
+                ref = got if ref is None else ref
+                diffs[name] = sum(int((a != b).sum()) if a.numel() == b.numel() else max(a.numel(), b.numel())
+                                  for a, b in zip(ref, got))
+                xs, rs = x.clone(), r.clone()  # in place, as a serving step runs it
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(3):  # plans built and kernels loaded before the capture
+                        call(mode, xs, rs, w, rs, scale, global_scale)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream):
+                    for _ in range(CALLS):
+                        call(mode, xs, rs, w, rs, scale, global_scale)
+                graphs[name] = graph
+                keep.append((xs, rs))
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for rep in range(args.replays):
+                turn = rep % len(names)
+                for name in names[turn:] + names[:turn]:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graphs[name].replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    times[name].append(start.elapsed_time(end) * 1e3 / CALLS)
+            med = {name: statistics.median(ts) for name, ts in times.items()}
+            line = f"{m}x{n} {mode:7s} " + " ".join(
+                f"{name}={med[name]:.3f}({med[name] / med[names[0]]:.3f},diff={diffs[name]})" for name in names)
+            print(line, flush=True)
+            lines.append(line)
+            rows.append({"m": m, "n": n, "mode": mode, "us": med, "diff_bytes": diffs})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ab.txt").write_text("\n".join(lines) + "\n")
+    (out / "ab.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
