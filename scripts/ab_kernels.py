@@ -32,13 +32,17 @@ CALLS = 20
 MODES = ("bf16", "static", "token", "group", "ue8m0", "nvfp4", "mxfp4")
 
 
-def use_sources(root: Path) -> None:
-    """Render from `root`'s kernels_src from now on, and forget the plans and functions built from another."""
+def sources_of(root: Path) -> Path:
+    """The kernels_src directory `root` is or holds."""
     src = root if (root / "fa_platform.h").is_file() else root / "kernels_src"
     if not (src / "fa_platform.h").is_file():
-        raise SystemExit(f"{root}: neither it nor its kernels_src holds the kernel sources")
+        raise SystemExit(f"ab_kernels.py: {root}: neither it nor its kernels_src holds the kernel sources")
+    return src
+
+
+def use_sources(src: Path) -> None:
+    """Render from `src` from now on, and forget the plans and functions built from other sources."""
     render.kernels_src_dir = lambda: src
-    render._read.cache_clear()
     ops._plans.clear()
     ops._by_pack.clear()
     launch._functions.clear()
@@ -72,12 +76,22 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     roots = [Path(v) for v in args.variants.split(",")]
-    names = [root.name or str(root) for root in roots]
+    sources = [sources_of(root) for root in roots]
+    names = [root.resolve().name for root in roots]
     modes = args.modes.split(",")
     unknown = sorted(set(modes) - set(MODES))
-    if unknown or len(set(names)) != len(names):
-        raise SystemExit(f"unknown modes {unknown}" if unknown else f"variant directories need distinct names: {names}")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if unknown:
+        raise SystemExit(f"ab_kernels.py: unknown modes {unknown}; known: {', '.join(MODES)}")
+    if len(set(names)) != len(names):
+        raise SystemExit(f"ab_kernels.py: the variant directories need distinct names, not {names}")
+    try:
+        shapes = [(int(m), int(n)) for m, n in (s.split("x") for s in args.shapes.split(","))]
+    except ValueError:
+        raise SystemExit(f"ab_kernels.py: --shapes takes m x n pairs such as 1x4096,256x8192, not {args.shapes!r}")
+    if args.replays < 1:
+        raise SystemExit(f"ab_kernels.py: --replays must be at least 1, not {args.replays}")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"ab_kernels.py needs a GPU; torch {torch.__version__} sees none")
     dev = torch.device("cuda")
     scale = torch.tensor([0.02], device=dev)
     global_scale = torch.tensor([NVFP4_GLOBAL_SCALE], device=dev)
@@ -88,8 +102,8 @@ def main() -> None:
             x, r = (torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(2))
             w = torch.randn(n, device=dev, dtype=torch.bfloat16, generator=gen)
             ref, graphs, diffs, keep = None, {}, {}, []
-            for name, root in zip(names, roots):
-                use_sources(root)
+            for name, src in zip(names, sources):
+                use_sources(src)
                 got = as_bytes(call(mode, x, r, w, torch.empty_like(r), scale, global_scale))
                 ref = got if ref is None else ref
                 diffs[name] = sum(int((a != b).sum()) if a.numel() == b.numel() else max(a.numel(), b.numel())
