@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional, Sequence
 from ..jit.cache import default_cache
 from ..jit.kernels import kernel_def
 from ..backends import compiler_for, current_runtime, device_arch
-from ..jit.runtime import pack_args
+from ..jit.runtime import check_grid, pack_args
 from ..jit.spec import DEFAULT_PACK, DType, Fp8Format, KernelSpec, Op, Quant, WeightKind
 
 # Per-process memos: a device's arch never changes, and a loaded function stays valid for the process.
@@ -70,7 +70,9 @@ def named_args(spec: KernelSpec, **values: Any) -> list[Any]:
 def launch(spec: KernelSpec, device: int, grid: int, args: Sequence[Any], stream: Optional[int] = None) -> None:
     """Launches `spec` with `args` (Python values, packed by the op's C parameter list) on `stream`,
     torch's current stream of `device` by default."""
-    packed = pack_args(kernel_def(spec.op), args)
+    kdef = kernel_def(spec.op)
+    packed = pack_args(kdef, args)
+    check_grid(kdef, grid, {name: value for (name, _), value in zip(kdef.params, args)})
     fn = function(spec, device)
     if stream is None:
         import torch

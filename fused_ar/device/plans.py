@@ -18,7 +18,7 @@ from .. import env
 from ..jit.kernels import Arg, KernelDef, kernel_def
 from .launch import function
 from ..backends import current_runtime
-from ..jit.runtime import pack_args, stream_arg
+from ..jit.runtime import check_grid, pack_args, stream_arg
 from ..jit.spec import DEFAULT_PACK, KernelSpec
 
 _CTYPES = {Arg.PTR: ctypes.c_void_p, Arg.I32: ctypes.c_int32, Arg.I64: ctypes.c_int64, Arg.F32: ctypes.c_float}
@@ -69,6 +69,7 @@ class LaunchPlan:
         self.kdef = kernel_def(spec.op)
         self.fixed = dict(fixed)
         pack_args(self.kdef, [self.fixed.get(n, 0) for n, _ in self.kdef.params])  # range-checks the fixed values
+        check_grid(self.kdef, grid, self.fixed)
         runtime = current_runtime()
         self.fn = ctypes.c_void_p(runtime.function_pointer(function(spec, device)))
         self.launch_raw = runtime.launch_raw

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Optional
 
 from .spec import (BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Quant,
                    WeightKind)
@@ -33,6 +33,8 @@ class KernelDef:
     ngpus: tuple[int, ...]
     warm_blocks: tuple[int, ...]
     constants: Callable[[KernelSpec], Mapping[str, object]] = lambda spec: {}
+    # A parameter the grid may not exceed: the kernel gives every block a first row without testing it.
+    grid_bound: Optional[str] = None
 
     def specs(self, arch: str, dtypes: Iterable[DType], ngpus: Iterable[int]) -> list[KernelSpec]:
         return [KernelSpec(self.op, d, arch, DEFAULT_PACK, g, b)
@@ -190,15 +192,17 @@ def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
 ADD_RMSNORM = register(KernelDef(
     op=Op.ADD_RMSNORM,
     template="add_rmsnorm.hip",
-    params=(("out", Arg.PTR), ("residual_out", Arg.PTR), ("x", Arg.PTR), ("residual", Arg.PTR),
-            ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32), ("eps", Arg.F32), ("weight_offset", Arg.F32),
-            ("x_stride", Arg.I64), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
-            ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
-            ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR), ("scales_row0", Arg.I32),
-            ("scale_copy", Arg.PTR)),
+    # in the order the kernel first reads them: add_rmsnorm.hip says why
+    params=(("x", Arg.PTR), ("residual", Arg.PTR), ("weight", Arg.PTR), ("x_stride", Arg.I64),
+            ("residual_stride", Arg.I64), ("rows", Arg.I32), ("cols", Arg.I32),
+            ("residual_out", Arg.PTR), ("out", Arg.PTR), ("residual_out_stride", Arg.I64), ("out_stride", Arg.I64),
+            ("eps", Arg.F32), ("weight_offset", Arg.F32), ("scales", Arg.PTR), ("scales_stride", Arg.I64),
+            ("group", Arg.I32), ("scales_col_stride", Arg.I32),
+            ("global_scale", Arg.PTR), ("scales_row0", Arg.I32), ("scale_copy", Arg.PTR)),
     ngpus=(1,),
     warm_blocks=BLOCK_SIZES,
     constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec), "FA_MIN_BLOCKS": add_rmsnorm_min_blocks(spec)},
+    grid_bound="rows",
 ))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .compiler import CompiledKernel
 from ..errors import DeviceError, InputError
@@ -39,6 +39,15 @@ def pack_args(kdef: KernelDef, values: Sequence[Any]) -> list[ctypes._SimpleCDat
             raise InputError(f"argument {name}={value} of {kdef.op.value} does not fit {kind.value}")
         packed.append(_CTYPES[kind](value))
     return packed
+
+
+def check_grid(kdef: KernelDef, grid: int, values: Mapping[str, Any]) -> None:
+    """Refuses a grid larger than the kernel's `grid_bound` parameter (its blocks take a first row untested:
+    a block past the last row would read and write outside the tensors)."""
+    bound = kdef.grid_bound
+    if bound is not None and grid > values.get(bound, 0):
+        raise InputError(f"{kdef.op.value} launched with {grid} blocks for {bound}={values.get(bound, 0)}: "
+                         f"at most one block a row")
 
 
 def c_function(library: Any, name: str, argtypes: Optional[Sequence[Any]]) -> Any:

@@ -57,6 +57,61 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     if spec.quant.converts_e4m3 and spec.fp8.value == "e4m3fn":
         assert "F2FP.SATFINITE.E4M3" in sass, "the E4M3FN conversion is not cvt.rn.satfinite"
     _waits_before_memory(sass)
+    if spec.op is Op.ADD_RMSNORM:
+        _no_late_parameter_lines(sass)
+
+
+_ARG_BYTES = {Arg.PTR: 8, Arg.I64: 8, Arg.I32: 4, Arg.F32: 4}
+
+
+def _param_layout(op: Op) -> list[tuple[int, int]]:
+    """(offset, size) of each of the op's parameters in C layout (each aligned to its size)."""
+    layout, offset = [], 0
+    for _, arg in kernel_def(op).params:
+        size = _ARG_BYTES[arg]
+        offset = -(-offset // size) * size
+        layout.append((offset, size))
+        offset += size
+    return layout
+
+
+# sm_90 keeps a kernel's parameters in constant bank 0 from this offset, read through 64-byte cache lines.
+_PARAM_BASE, _CONST_LINE = 0x210, 64
+_CONST_READ = re.compile(r"c\[0x0\]\[(0x[0-9a-f]+)\]")
+
+
+def _no_late_parameter_lines(sass: str) -> None:
+    """Every constant line of parameters the kernel reads is first read before its first block barrier: a line
+    first read in the row's epilogue (after the reduction) is a constant-cache miss on the serial tail of a
+    decode-sized call (add_rmsnorm.hip orders its parameters for this)."""
+    body = sass[sass.index("Function :"):]
+    barrier = body.find("BAR.SYNC")
+    if barrier < 0:
+        return
+    first: dict[int, int] = {}
+    for read in _CONST_READ.finditer(body):
+        offset = int(read.group(1), 16)
+        if offset >= _PARAM_BASE:
+            first.setdefault(offset // _CONST_LINE * _CONST_LINE, read.start())
+    late = sorted(hex(line) for line, at in first.items() if at > barrier)
+    assert not late, f"parameter lines {late} first read after the block barrier"
+
+
+def test_late_parameter_check_fails_on_a_line_first_read_in_the_epilogue():
+    sass = ("Function : k\n /*0000*/ LDC.64 R2, c[0x0][0x210] ;\n /*0010*/ BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
+            " /*0020*/ LDC R4, c[0x0][0x280] ;")
+    with pytest.raises(AssertionError, match=r"\['0x280'\] first read after the block barrier"):
+        _no_late_parameter_lines(sass)
+    _no_late_parameter_lines(sass.replace("0x280", "0x238"))  # the line read before the barrier
+
+
+def test_add_rmsnorm_row_loads_need_one_parameter_line():
+    """What the first loads of a row need (the inputs, their strides, the shape) lies in the first constant line
+    of add_rmsnorm's parameters, so one miss, not two in a row, stands before them."""
+    lines = {name: (_PARAM_BASE + offset) // _CONST_LINE
+             for (name, _), (offset, _) in zip(kernel_def(Op.ADD_RMSNORM).params, _param_layout(Op.ADD_RMSNORM))}
+    needed = ("x", "residual", "weight", "x_stride", "residual_stride", "rows", "cols")
+    assert {lines[name] for name in needed} == {_PARAM_BASE // _CONST_LINE}, lines
 
 
 # Global, generic and constant-bank-free memory instructions of sm_90 SASS (loads, stores, atomics, reductions).
@@ -81,9 +136,6 @@ def test_wait_check_fails_on_a_load_before_the_wait():
     _waits_before_memory(sass.replace("LDG.E.128 R4, desc[UR4][R2.64]", "MOV R1, c[0x0][0x28]"))
 
 
-_ARG_BYTES = {Arg.PTR: 8, Arg.I64: 8, Arg.I32: 4, Arg.F32: 4}
-
-
 @pytest.mark.parametrize("op", list(Op), ids=lambda o: o.value)
 def test_kernel_parameters_are_what_the_launcher_packs(op):
     """The compiled kernel's parameters (the CUBIN's KPARAM_INFO: ordinal, offset, size) are the KernelDef's,
@@ -96,12 +148,7 @@ def test_kernel_parameters_are_what_the_launcher_packs(op):
         elf = subprocess.run([_cuobjdump(), "-elf", f.name], capture_output=True, text=True, check=True).stdout
     found = sorted((int(o, 16), int(off, 16), int(size, 16)) for o, off, size in re.findall(
         r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: (0x[0-9a-f]+)\s+Size\s*: (0x[0-9a-f]+)", elf))
-    expected, offset = [], 0
-    for i, (_, arg) in enumerate(kernel_def(op).params):
-        size = _ARG_BYTES[arg]
-        offset = -(-offset // size) * size
-        expected.append((i, offset, size))
-        offset += size
+    expected = [(i, offset, size) for i, (offset, size) in enumerate(_param_layout(op))]
     assert found == expected, f"{spec.kernel_name}: the kernel takes {found}, the launcher packs {expected}"
 
 

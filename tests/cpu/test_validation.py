@@ -13,6 +13,8 @@ from fused_ar.errors import InputError, NoGpuError
 from fused_ar.jit.kernels import ADD_RMSNORM
 from fused_ar.device.plans import LaunchPlan
 from fused_ar.jit.runtime import pack_args
+from fused_ar.device.launch import launch
+from fused_ar.jit.spec import KernelSpec
 from fused_ar.device.validate import device_index, require_gpu
 
 
@@ -112,32 +114,72 @@ def test_devices_must_agree():
         ops.add_rmsnorm(x, r, w.to("meta"))
 
 
-GOOD_ARGS = (1 << 40, 2, 3, 4, 5, 7, 4096, 1e-6, 1.0, 4096, 4096, 8192, 4096, 0, 128, 32, 1, 0, 0, 0)
+# By name, so the kernel's parameter order (kernels.py, chosen for the constant cache) is free to change.
+GOOD = dict(x=1 << 40, residual=2, weight=3, x_stride=4096, residual_stride=4096, rows=7, cols=4096, residual_out=4,
+            out=5, residual_out_stride=4096, out_stride=8192, eps=1e-6, weight_offset=1.0, scales=0,
+            scales_stride=32, group=128, scales_col_stride=1, global_scale=0, scales_row0=0, scale_copy=0)
+GOOD_ARGS = tuple(GOOD[name] for name, _ in ADD_RMSNORM.params)
+INDEX = {name: i for i, (name, _) in enumerate(ADD_RMSNORM.params)}
 
 
 def test_args_pack_as_c_types():
-    packed = pack_args(ADD_RMSNORM, GOOD_ARGS)
-    assert [type(v) for v in packed] == [ctypes.c_void_p] * 5 + [ctypes.c_int32] * 2 + [ctypes.c_float] * 2 + \
-        [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                 ctypes.c_int32, ctypes.c_void_p]
-    assert packed[0].value == 1 << 40 and packed[7].value == pytest.approx(1e-6) and packed[11].value == 8192
+    packed = dict(zip(INDEX, pack_args(ADD_RMSNORM, GOOD_ARGS)))
+    assert set(packed) == set(GOOD)
+    kinds = {ctypes.c_void_p: ("x", "residual", "weight", "residual_out", "out", "scales", "global_scale", "scale_copy"),
+             ctypes.c_int32: ("rows", "cols", "group", "scales_col_stride", "scales_row0"),
+             ctypes.c_int64: ("x_stride", "residual_stride", "residual_out_stride", "out_stride", "scales_stride"),
+             ctypes.c_float: ("eps", "weight_offset")}
+    assert {name: type(value) for name, value in packed.items()} == \
+        {name: kind for kind, names in kinds.items() for name in names}
+    assert packed["x"].value == 1 << 40 and packed["eps"].value == pytest.approx(1e-6)
+    assert packed["out_stride"].value == 8192
 
 
-def _with(index, value):
-    return GOOD_ARGS[:index] + (value,) + GOOD_ARGS[index + 1:]
+def _with(name, value):
+    i = INDEX[name]
+    return GOOD_ARGS[:i] + (value,) + GOOD_ARGS[i + 1:]
 
 
 @pytest.mark.parametrize("args,message", [
-    (_with(5, 7.0), "argument rows of add_rmsnorm must be an int"),
-    (_with(5, 2**31), "rows=2147483648 .* does not fit int"),
-    (_with(0, -1), "out=-1"),
+    (_with("rows", 7.0), "argument rows of add_rmsnorm must be an int"),
+    (_with("rows", 2**31), "rows=2147483648 .* does not fit int"),
+    (_with("out", -1), "out=-1"),
+    (_with("x", -1), "x=-1"),
     (GOOD_ARGS[:8], "takes 20 arguments"),
-    (_with(5, True), "argument rows of add_rmsnorm must be an int"),
-    (_with(9, 2**63), "x_stride=9223372036854775808 .* does not fit long long"),
+    (_with("rows", True), "argument rows of add_rmsnorm must be an int"),
+    (_with("x_stride", 2**63), "x_stride=9223372036854775808 .* does not fit long long"),
+    (_with("scales_col_stride", 2**31), "scales_col_stride=2147483648 .* does not fit int"),
 ])
 def test_bad_launch_args(args, message):
     with pytest.raises(InputError, match=message):
         pack_args(ADD_RMSNORM, args)
+
+
+@pytest.mark.parametrize("grid", [8, 9, 1 << 16])
+def test_add_rmsnorm_grid_larger_than_its_rows_is_refused(grid, monkeypatch):
+    """Each add_rmsnorm block takes a first row without testing it: a grid past the rows is refused before
+    anything is compiled or launched (the compiler would fail the test if it were reached)."""
+    import fused_ar.device.launch as launch_module
+
+    monkeypatch.setattr(launch_module, "function", lambda *a: pytest.fail("compiled a kernel for a bad grid"))
+    spec = KernelSpec("add_rmsnorm", "bf16", "sm_90")
+    with pytest.raises(InputError, match=f"add_rmsnorm launched with {grid} blocks for rows=7: at most one block a row"):
+        launch(spec, 0, grid, GOOD_ARGS, stream=0)
+
+
+@pytest.mark.parametrize("grid", [1, 7])
+def test_add_rmsnorm_grid_up_to_its_rows_goes_on_to_the_kernel(grid, monkeypatch):
+    import fused_ar.device.launch as launch_module
+
+    class Reached(Exception):
+        pass
+
+    def reached(*args):
+        raise Reached
+
+    monkeypatch.setattr(launch_module, "function", reached)
+    with pytest.raises(Reached):
+        launch(KernelSpec("add_rmsnorm", "bf16", "sm_90"), 0, grid, GOOD_ARGS, stream=0)
 
 
 # -- devices, as torch users pass them ------------------------------------------------------------------
