@@ -158,7 +158,7 @@ def test_bad_launch_args(args, message):
 @pytest.mark.parametrize("grid", [8, 9, 1 << 16])
 def test_add_rmsnorm_grid_larger_than_its_rows_is_refused(grid, monkeypatch):
     """Each add_rmsnorm block takes a first row without testing it: a grid past the rows is refused before
-    anything is compiled or launched (the compiler would fail the test if it were reached)."""
+    anything is compiled or launched (the stubbed loader fails the test if it is reached)."""
     import fused_ar.device.launch as launch_module
 
     monkeypatch.setattr(launch_module, "function", lambda *a: pytest.fail("compiled a kernel for a bad grid"))
