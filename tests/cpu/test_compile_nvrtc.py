@@ -4,6 +4,7 @@ its parameters are those the launcher packs."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -14,9 +15,9 @@ import pytest
 
 from fused_ar.backends import compiler_for
 from fused_ar.errors import CompileError
-from fused_ar.jit.kernels import Arg, check_specs, kernel_def, warm_matrix
+from fused_ar.jit.kernels import Arg, add_rmsnorm_reg_packs, check_specs, kernel_def, warm_matrix
 from fused_ar.jit.render import Source, render
-from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec, Op
+from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec, Op, Quant, WeightKind
 
 SPECS = warm_matrix(["sm_90"], list(DType), SUPPORTED_NGPUS) + check_specs("sm_90")
 
@@ -59,6 +60,8 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     _waits_before_memory(sass)
     if spec.op is Op.ADD_RMSNORM:
         _no_late_parameter_lines(sass)
+        if spec.pack == 16:
+            _row_loads_before_first_store(sass, _row_loads(spec))
 
 
 _ARG_BYTES = {Arg.PTR: 8, Arg.I64: 8, Arg.I32: 4, Arg.F32: 4}
@@ -112,6 +115,48 @@ def test_add_rmsnorm_row_loads_need_one_parameter_line():
              for (name, _), (offset, _) in zip(kernel_def(Op.ADD_RMSNORM).params, _param_layout(Op.ADD_RMSNORM))}
     needed = ("x", "residual", "weight", "x_stride", "residual_stride", "rows", "cols")
     assert {lines[name] for name in needed} == {_PARAM_BASE // _CONST_LINE}, lines
+
+
+def _row_loads(spec: KernelSpec) -> int:
+    """16-byte loads of a thread's register packs in an add_rmsnorm kernel of 16-byte packs: x, the residual
+    and the weight (an fp32 weight of a 16-bit x: two) for each of its FA_REG_PACKS packs."""
+    weight = {WeightKind.NONE: 0, WeightKind.SAME: 1}.get(spec.weight, 2 if spec.dtype.itemsize == 2 else 1)
+    return add_rmsnorm_reg_packs(spec) * (1 + int(spec.residual) + weight)
+
+
+def _row_loads_before_first_store(sass: str, loads: int) -> None:
+    """All of a thread's register-pack loads (x, residual, weight) are issued before its first 16-byte store
+    (residual_out), so they are in flight together. ptxas sank the loads of a `__restrict__` weight (ld.global.nc)
+    past the stores to the block barrier in 88 of the 252 sm_90 kernels (the per-group FP8, FP4 and most per-row
+    FP8 short-row kernels among them), where the scaling after the reduction waited on them: a memory round trip
+    on the serial tail of a decode-sized call."""
+    body = sass[sass.index("Function :"):]
+    store = body.find("STG.E.128")
+    before = len(re.findall(r"LDG\.E\.128", body[:store if store >= 0 else len(body)]))
+    assert before == loads, f"{before} of the row's {loads} 16-byte loads issued before the first 16-byte store"
+
+
+def test_row_load_check_fails_on_a_load_after_the_first_store():
+    sass = ("Function : k\n /*0000*/ LDG.E.128 R4, desc[UR4][R2.64] ;\n /*0010*/ STG.E.128 desc[UR4][R6.64], R4 ;\n"
+            " /*0020*/ LDG.E.128.CONSTANT R8, desc[UR4][R10.64] ;")
+    with pytest.raises(AssertionError, match="1 of the row's 2 16-byte loads issued before the first 16-byte store"):
+        _row_loads_before_first_store(sass, 2)
+    _row_loads_before_first_store(sass, 1)
+
+
+def test_a_restrict_weight_lets_ptxas_sink_its_loads():
+    """Why add_rmsnorm's weight is not `__restrict__`: with it, ptxas issues the per-group FP8 kernel's weight
+    loads after the row's stores (the check above fails), without it with the others."""
+    spec = KernelSpec(Op.ADD_RMSNORM, DType.BF16, "sm_90", block=512, inplace=True, quant=Quant.GROUP,
+                      short_rows=True)
+    source = render(spec)
+    assert "const fa_weight_t* weight," in source.text
+    restricted = dataclasses.replace(source, text=source.text.replace("const fa_weight_t* weight,",
+                                                                      "const fa_weight_t* __restrict__ weight,"))
+    _row_loads_before_first_store(_sass(compiler_for("sm_90").compile(source, "sm_90").code), _row_loads(spec))
+    with pytest.raises(AssertionError, match="4 of the row's 6 16-byte loads issued before the first"):
+        _row_loads_before_first_store(_sass(compiler_for("sm_90").compile(restricted, "sm_90").code),
+                                      _row_loads(spec))
 
 
 # Global, generic and constant-bank-free memory instructions of sm_90 SASS (loads, stores, atomics, reductions).
