@@ -2,7 +2,8 @@
 // (weight + offset)) (docs/design.md sections 1 and 1b with N = 1). One block per row, rows taken
 // grid-stride; every operand has its own row stride (elements). Any row width: packs of FA_PACK_BYTES, then a
 // narrower tail; FA_PACK_BYTES is the element size where row starts are not 16-byte aligned. scale_copy (static
-// FP8 only; else 0): where one thread writes the static scale's value, the scales a torch op returns.
+// FP8 only; else 0): where one thread writes the static scale's value, the scales a torch op returns (in
+// block 0's first row, after the row's loads: fa_rmsnorm.h).
 #include "fa_rmsnorm.h"
 
 // Register bounds (fused_ar/kernels.py, FA_MIN_BLOCKS): under __launch_bounds__(FA_BLOCK) alone ptxas held the
@@ -35,7 +36,6 @@ extern "C" __global__ FA_ADD_RMSNORM_BOUNDS void FA_KERNEL_NAME(
     int scales_col_stride, const float* __restrict__ global_scale, int scales_row0, float* __restrict__ scale_copy) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_grid_launch_dependents();
-  fa_copy_static_scale(scales, scale_copy);
   // The host launches at most `rows` blocks (grid_bound in fused_ar/jit/kernels.py, checked at every launch):
   // each block has a first row, and the loop tests only after it, so no compare and exit sits between the
   // parameter reads and the first loads.
@@ -44,7 +44,7 @@ extern "C" __global__ FA_ADD_RMSNORM_BOUNDS void FA_KERNEL_NAME(
     const fa_local_source_t src = {x + row * x_stride};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
                             residual + row * residual_stride, weight, scales + row * scales_stride, group,
-                            scales_col_stride, global_scale, scales_row0 + row};
+                            scales_col_stride, global_scale, scales_row0 + row, row == 0 ? scale_copy : nullptr};
     fa_add_rmsnorm_row(src, io, cols, eps, weight_offset);
     row += fa_grid_blocks();
   } while (row < rows);

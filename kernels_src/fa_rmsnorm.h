@@ -137,6 +137,7 @@ struct fa_row_io_t {
   fa_i64 scales_col_stride;  // FA_QUANT_GROUP: 32-bit words from one group's scale (UE8M0: 4 groups' word) to the next
   const float* global_scale;  // FA_QUANT_NVFP4: the caller's fp32 global scale (read)
   int row;        // FA_SCALE_SWIZZLED: the row's index in the scales' tiles
+  float* scale_copy;  // FA_QUANT_STATIC: where thread 0 writes the scale's value (one row of the grid; else null)
 };
 
 // y = float(T(residual_out * inv_rms * (weight + offset))): the call's own unquantized out, as a float.
@@ -297,6 +298,10 @@ FA_INLINE void fa_add_rmsnorm_row(const Source& src, const fa_row_io_t& io, int 
   // The division waits only for the scale's load, under the row's: after the reduction it would lengthen the
   // serial tail that decode sizes pay in full.
   const float static_inv = fa_div(1.0f, static_scale);
+  // Here, after the row's loads: the copy's store waits for the scale's load, and a warp issues in order, so
+  // before them it held the warp a memory round trip (the whole call at decode sizes); here the row's own loads,
+  // issued with the scale's, take as long.
+  if (io.scale_copy != nullptr && tid == 0) io.scale_copy[0] = static_scale;
 #endif
   // The row's sum of squares: a partial sum for each of the first kSums register packs, summed in the order
   // of the packs (fa_block_reduce_items_sum), kSums * FA_BLOCK at most the wave size squared. So a row of at

@@ -125,23 +125,27 @@ def _row_loads(spec: KernelSpec) -> int:
 
 
 def _row_loads_before_first_store(sass: str, loads: int) -> None:
-    """All of a thread's register-pack loads (x, residual, weight) are issued before its first 16-byte store
-    (residual_out), so they are in flight together. ptxas sank the loads of a `__restrict__` weight (ld.global.nc)
-    past the stores to the block barrier in 88 of the 252 sm_90 kernels (the per-group FP8, FP4 and most per-row
-    FP8 short-row kernels among them), where the scaling after the reduction waited on them: a memory round trip
-    on the serial tail of a decode-sized call."""
+    """All of a thread's register-pack loads (x, residual, weight) are issued before its first store, so they are
+    in flight together and no store waits between them. ptxas sank the loads of a `__restrict__` weight
+    (ld.global.nc) past the row's stores to the block barrier in 88 of the 252 sm_90 kernels (the per-group FP8,
+    FP4 and most per-row FP8 short-row kernels among them), where the scaling after the reduction waited on them;
+    and the static scale's copy, stored first, held its warp for the scale's load before the row's loads: each a
+    memory round trip on the serial chain of a decode-sized call."""
     body = sass[sass.index("Function :"):]
-    store = body.find("STG.E.128")
+    store = body.find("STG")
     before = len(re.findall(r"LDG\.E\.128", body[:store if store >= 0 else len(body)]))
-    assert before == loads, f"{before} of the row's {loads} 16-byte loads issued before the first 16-byte store"
+    assert before == loads, f"{before} of the row's {loads} 16-byte loads issued before the first store"
 
 
 def test_row_load_check_fails_on_a_load_after_the_first_store():
     sass = ("Function : k\n /*0000*/ LDG.E.128 R4, desc[UR4][R2.64] ;\n /*0010*/ STG.E.128 desc[UR4][R6.64], R4 ;\n"
             " /*0020*/ LDG.E.128.CONSTANT R8, desc[UR4][R10.64] ;")
-    with pytest.raises(AssertionError, match="1 of the row's 2 16-byte loads issued before the first 16-byte store"):
+    with pytest.raises(AssertionError, match="1 of the row's 2 16-byte loads issued before the first store"):
         _row_loads_before_first_store(sass, 2)
     _row_loads_before_first_store(sass, 1)
+    early_copy = sass.replace(" /*0000*/", " /*0000*/ STG.E desc[UR4][R12.64], R13 ;\n /*0008*/", 1)
+    with pytest.raises(AssertionError, match="0 of the row's 1 16-byte loads issued before the first store"):
+        _row_loads_before_first_store(early_copy, 1)
 
 
 def test_a_restrict_weight_lets_ptxas_sink_its_loads():
