@@ -25,9 +25,9 @@
 // cache of 64-byte lines, and a line first read late is a serial miss. Everything the row loads need (inputs,
 // their strides, the shape) fills the first line; the outputs and the quantization's scalars the second; the
 // rarely used rest the third. The weight is not __restrict__: with it (ld.global.nc), ptxas sank its loads past
-// the row's stores to the block barrier in 88 of the 252 sm_90 kernels (per-group FP8, FP4, most per-row FP8),
-// so the scaling after the reduction waited a memory round trip; as a plain load it may not pass a store, and
-// all of a thread's loads are in flight together (tests/cpu/test_compile_nvrtc.py checks every kernel).
+// the row's stores to the block barrier in 88 of the 252 sm_90 kernels (per-group and per-row FP8, FP4), so the
+// scaling after the reduction waited a memory round trip; as a plain load it may not pass a store, and all of a
+// thread's loads are in flight together (tests/cpu/test_compile_nvrtc.py checks every kernel).
 extern "C" __global__ FA_ADD_RMSNORM_BOUNDS void FA_KERNEL_NAME(
     const fa_elem_t* FA_RESTRICT x, const fa_elem_t* FA_RESTRICT residual, const fa_weight_t* weight,
     fa_i64 x_stride, fa_i64 residual_stride, int rows, int cols,

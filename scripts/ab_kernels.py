@@ -100,15 +100,11 @@ def summarize(names: list[str], rounds: dict[str, list[list[dict]]]) -> tuple[li
     """(lines, rows) from each checkout's processes' ab.json rows (one variant each): per shape and output
     kind the median of the processes' medians, its ratio to the first checkout's, each process's value, and
     whether every process wrote the first checkout's bits."""
-    def by_case(rows: list[dict]) -> dict[tuple, dict]:
-        return {(r["m"], r["n"], r["mode"]): r for r in rows}
-
-    first = [by_case(rows) for rows in rounds[names[0]]]
+    cases = {name: [{(r["m"], r["n"], r["mode"]): r for r in rows} for rows in rounds[name]] for name in names}
     lines, out = [], []
-    for case in first[0]:
-        us = {name: [next(iter(by_case(rows)[case]["us"].values())) for rows in rounds[name]] for name in names}
-        hashes = {name: {next(iter(by_case(rows)[case]["sha256"].values())) for rows in rounds[name]}
-                  for name in names}
+    for case in cases[names[0]][0]:
+        us = {name: [next(iter(process[case]["us"].values())) for process in cases[name]] for name in names}
+        hashes = {name: {next(iter(process[case]["sha256"].values())) for process in cases[name]} for name in names}
         same = {name: hashes[name] == hashes[names[0]] and len(hashes[name]) == 1 for name in names}
         med = {name: statistics.median(us[name]) for name in names}
         m, n, mode = case

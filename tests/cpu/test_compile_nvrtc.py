@@ -127,10 +127,10 @@ def _row_loads(spec: KernelSpec) -> int:
 def _row_loads_before_first_store(sass: str, loads: int) -> None:
     """All of a thread's register-pack loads (x, residual, weight) are issued before its first store, so they are
     in flight together and no store waits between them. ptxas sank the loads of a `__restrict__` weight
-    (ld.global.nc) past the row's stores to the block barrier in 88 of the 252 sm_90 kernels (the per-group FP8,
-    FP4 and most per-row FP8 short-row kernels among them), where the scaling after the reduction waited on them;
-    and the static scale's copy, stored first, held its warp for the scale's load before the row's loads: each a
-    memory round trip on the serial chain of a decode-sized call."""
+    (ld.global.nc) past the row's stores to the block barrier in 88 of the 252 sm_90 kernels (per-group and
+    per-row FP8 and FP4 kernels among them), where the scaling after the reduction waited on them; and the
+    static scale's copy, stored first, held its warp for the scale's load before the row's loads: each a memory
+    round trip on the serial chain of a decode-sized call."""
     body = sass[sass.index("Function :"):]
     store = body.find("STG")
     before = len(re.findall(r"LDG\.E\.128", body[:store if store >= 0 else len(body)]))
