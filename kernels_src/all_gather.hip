@@ -26,7 +26,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     fa_i64 rows = shard - first;  // of them, this launch's
     rows = rows < 0 ? 0 : (rows > count ? count : rows);
     const fa_i64 n = rows * packs;
-    const fa_elem_t* src = (const fa_elem_t*)peers->input[r];
+    const fa_elem_t* src = (const fa_elem_t*)state.input[r];
     fa_elem_t* dst = out + ((fa_i64)r * shard_rows + first) * cols;
     for (fa_i64 p = start; p < n; p += stride) fa_store_pack(dst, p, fa_load_pack_peer(src, source_first * packs + p));
   }

@@ -35,14 +35,14 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     const fa_i64 hi = lo + share < packs ? lo + share : packs;
     for (fa_i64 p = lo + first; p < hi; p += stride) {
       float ar[FA_PACK_ELEMS];
-      fa_allreduce_pack(peers, p, ar);
+      fa_allreduce_pack(state.input, p, ar);
       const fa_pack_t reduced = fa_pack(ar);
 #pragma unroll
-      for (int r = 0; r < FA_NGPUS; ++r) fa_store_pack_peer((fa_elem_t*)peers->tmp[r], p, reduced);
+      for (int r = 0; r < FA_NGPUS; ++r) fa_store_pack_peer((fa_elem_t*)state.tmp[r], p, reduced);
     }
   }
   if (!fa_barrier(bar, FA_PHASE_MID)) return;  // every rank's share written by this block index is in the local tmp
-  const fa_elem_t* local_tmp = (const fa_elem_t*)peers->tmp[rank];
+  const fa_elem_t* local_tmp = (const fa_elem_t*)state.tmp[rank];
 #pragma unroll
   for (int r = 0; r < FA_NGPUS; ++r) {
     const fa_i64 lo = share * r;
@@ -52,7 +52,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
 #else
   for (fa_i64 p = first; p < packs; p += stride) {
     float ar[FA_PACK_ELEMS];
-    fa_allreduce_pack(peers, p, ar);
+    fa_allreduce_pack(state.input, p, ar);
     fa_store_pack(out, p, fa_pack(ar));
   }
 #endif

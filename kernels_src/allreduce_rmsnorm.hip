@@ -26,7 +26,7 @@
 // whole packs (the communicator routes other widths to the fallback).
 struct fa_peer_source_t {
   static constexpr bool has_tail = false;
-  const fa_peers_t* peers;
+  const void* const* input;  // the block state's copy of the table's input pointers
   const fa_elem_t* local_tmp;
   fa_i64 base;  // the row's first pack in the contiguous inputs / tmp
   FA_INLINE fa_pack_t load(int pack) const {
@@ -34,7 +34,7 @@ struct fa_peer_source_t {
     return fa_load_pack_peer(local_tmp, base + pack);  // already T(sum over ranks)
 #else
     float ar[FA_PACK_ELEMS];
-    fa_allreduce_pack(peers, base + pack, ar);
+    fa_allreduce_pack(input, base + pack, ar);
     return fa_pack(ar);
 #endif
   }
@@ -56,7 +56,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
     ) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_peer_release(release_early);
-  fa_copy_static_scale(scales, scale_copy);  // this rank's own copy: every rank returns its scales
+  const float static_scale = fa_static_scale_for_copy(scales, scale_copy);
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
 #if FA_SCATTER
@@ -70,19 +70,21 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
       fa_stage_packs(peers, rank, stage_src, (fa_i64)row * packs + fa_thread_id(), (fa_i64)(row + 1) * packs, FA_BLOCK);
   }
 #endif
-  if (!fa_barrier(bar, FA_PHASE_START)) return;  // every rank's input is in place, and the same call
+  const bool started = fa_barrier(bar, FA_PHASE_START);  // every rank's input is in place, and the same call
+  fa_copy_static_scale(scale_copy, static_scale);  // this rank's own copy: every rank returns its scales
+  if (!started) return;
 #if FA_TWO_STAGE
-  fa_elem_t* const local_tmp = (fa_elem_t*)peers->tmp[rank];
+  fa_elem_t* const local_tmp = (fa_elem_t*)state.tmp[rank];
   int lo, hi;
   fa_rank_range(packs, rank, lo, hi);
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
     const fa_i64 base = (fa_i64)row * packs;
     for (int p = lo + fa_thread_id(); p < hi; p += FA_BLOCK) {
       float ar[FA_PACK_ELEMS];
-      fa_allreduce_pack(peers, base + p, ar);
+      fa_allreduce_pack(state.input, base + p, ar);
       const fa_pack_t reduced = fa_pack(ar);
 #pragma unroll
-      for (int r = 0; r < FA_NGPUS; ++r) fa_store_pack_peer((fa_elem_t*)peers->tmp[r], base + p, reduced);
+      for (int r = 0; r < FA_NGPUS; ++r) fa_store_pack_peer((fa_elem_t*)state.tmp[r], base + p, reduced);
     }
   }
   if (!fa_barrier(bar, FA_PHASE_MID)) return;  // every rank's share of this block's rows is in the local tmp
@@ -90,7 +92,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   const fa_elem_t* const local_tmp = nullptr;
 #endif
   for (int row = fa_block_id(); row < rows; row += fa_grid_blocks()) {
-    const fa_peer_source_t src = {peers, local_tmp, (source_row + row) * packs};
+    const fa_peer_source_t src = {state.input, local_tmp, (source_row + row) * packs};
     const fa_row_io_t io = {out + row * out_stride, residual_out + row * residual_out_stride,
                             residual + row * residual_stride, weight, scales + row * scales_stride, group,
                             scales_col_stride, global_scale, scales_row0 + row};

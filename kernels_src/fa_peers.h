@@ -72,7 +72,16 @@ static_assert(sizeof(fa_peers_t) == FA_PEER_TABLE_BYTES, "fa_peers_t differs fro
 // in registers would be live through the whole kernel body, and at 1024 threads (64 registers each on
 // sm_90) ptxas spills them. Thread 0 writes it at the begin; threads that give up set `failed`; every
 // read follows a block sync.
+// The table's pointers are copied here too, before the start barrier, and nothing reads the table after
+// it: each barrier's acquire empties the SM's L1 (CCTL.IVALL on sm_90), so a pointer read from the table
+// after one is an L2 round trip in front of the load or store it addresses (every thread's first peer load,
+// each barrier's flag stores), on the path of every call.
 struct fa_block_state_t {
+  const void* input[FA_NGPUS];  // the table's, for the reads after the start barrier
+  void* tmp[FA_NGPUS];
+  fa_signal_t* signal[FA_NGPUS];
+  fa_signal_t* own;  // signal[rank]
+  fa_report_t* report;
   fa_i64 timeout_ns;
   fa_u32 flag;      // this call's flag: epoch + 1
   int failed;       // set by any thread of the block that gave up
@@ -80,7 +89,6 @@ struct fa_block_state_t {
 };
 
 struct fa_barrier_t {
-  const fa_peers_t* peers;
   int rank;
   fa_block_state_t* state;  // the kernel's __shared__ one
 };
@@ -91,10 +99,10 @@ FA_INLINE fa_u32 fa_desc(const fa_barrier_t& b, int i) {
                 : (fa_u32)(i == 1 ? b.state->rows : b.state->cols);
 }
 
-// The first error of this rank fills the report; later ones only add the peer they waited for.
-FA_INLINE void fa_record(const fa_barrier_t& b, fa_u32 code, const fa_u32* theirs, int peer) {
-  fa_signal_t* own = b.peers->signal[b.rank];
-  fa_report_t* report = b.peers->report;
+// The first error of this rank fills the report; later ones only add the peer they waited for. `own`: this
+// rank's signal buffer.
+FA_INLINE void fa_record_in(const fa_barrier_t& b, fa_signal_t* own, fa_report_t* report, fa_u32 code,
+                            const fa_u32* theirs, int peer) {
   fa_or_sys(&report->missing, code & FA_ERROR_TIMEOUT ? 1u << peer : 0u);
   if (fa_cas_sys(&own->error, 0u, code) == 0u) {
 #pragma unroll
@@ -106,6 +114,10 @@ FA_INLINE void fa_record(const fa_barrier_t& b, fa_u32 code, const fa_u32* their
     fa_store_release_sys(&report->ready, 1u);
   }
   b.state->failed = 1;
+}
+
+FA_INLINE void fa_record(const fa_barrier_t& b, fa_u32 code, const fa_u32* theirs, int peer) {
+  fa_record_in(b, b.state->own, b.state->report, code, theirs, peer);
 }
 
 // Programmatic dependent launch: the next kernel on this rank's stream may become resident (and wait there)
@@ -120,22 +132,29 @@ FA_INLINE void fa_peer_release(int release_early) {
 
 // Every call of a kernel uses flag = epoch + 1 for all its phases; flags only ever compare for equality,
 // so the 32-bit counter may wrap. `state` is a __shared__ fa_block_state_t of the kernel; the first
-// fa_barrier's block sync publishes what thread 0 writes here.
+// fa_barrier's block sync publishes what threads 0..N-1 write here (until then, each reads the table).
 FA_INLINE fa_barrier_t fa_barrier_begin(const fa_peers_t* peers, int rank, fa_i64 timeout_ns, int rows,
                                         int cols, fa_block_state_t* state) {
   fa_barrier_t b;
-  b.peers = peers;
   b.rank = rank;
   b.state = state;
+  if (fa_thread_id() < FA_NGPUS) {  // rank t's entries by thread t: the loads in flight together
+    state->input[fa_thread_id()] = peers->input[fa_thread_id()];
+    state->tmp[fa_thread_id()] = peers->tmp[fa_thread_id()];
+    state->signal[fa_thread_id()] = peers->signal[fa_thread_id()];
+  }
   if (fa_thread_id() == 0) {
+    fa_signal_t* const own = peers->signal[rank];
+    state->own = own;
+    state->report = peers->report;
     state->timeout_ns = timeout_ns;
     state->rows = rows;
     state->cols = cols;
-    state->flag = peers->signal[rank]->epoch[fa_block_id()] + 1u;
+    state->flag = own->epoch[fa_block_id()] + 1u;
     state->failed = 0;
     if (!peers->registered) {  // a graph replayed before its buffers were registered: touch nothing
       state->failed = 1;
-      if (fa_block_id() == 0) fa_record(b, FA_ERROR_UNREGISTERED, nullptr, rank);
+      if (fa_block_id() == 0) fa_record_in(b, own, peers->report, FA_ERROR_UNREGISTERED, nullptr, rank);
     }
   }
   return b;
@@ -152,8 +171,8 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
   fa_sync_block();  // every thread's earlier reads and writes happen before thread t's release below
   if (t < FA_NGPUS && !b.state->failed) {
     const fa_u32 flag = b.state->flag;
-    fa_signal_t* peer = b.peers->signal[t];
-    fa_signal_t* own = b.peers->signal[b.rank];
+    fa_signal_t* peer = b.state->signal[t];
+    fa_signal_t* own = b.state->own;
 #if FA_CHECK_DESC
     if (phase == FA_PHASE_START) {
 #pragma unroll
@@ -205,7 +224,7 @@ FA_INLINE bool fa_barrier(const fa_barrier_t& b, int phase) {
 
 // After the last phase: this block's call is complete on every rank, so the next call may use flag + 1.
 FA_INLINE void fa_barrier_end(const fa_barrier_t& b) {
-  if (fa_thread_id() == 0) b.peers->signal[b.rank]->epoch[fa_block_id()] = b.state->flag;
+  if (fa_thread_id() == 0) b.state->own->epoch[fa_block_id()] = b.state->flag;
 }
 
 // An eager call's input copied into this rank's staging buffer (the eager table's own input) by the kernel
@@ -221,11 +240,18 @@ FA_INLINE void fa_stage_packs(const fa_peers_t* peers, int rank, const fa_elem_t
   for (fa_i64 p = lo; p < hi; p += step) fa_store_pack_peer(staging, p, fa_load_pack(src, p));
 }
 
-// acc = sum over ranks 0..N-1, in that order, of float(input_r[pack]); all N loads issued first.
-FA_INLINE void fa_sum_ranks(const fa_peers_t* peers, fa_i64 pack, float (&acc)[FA_PACK_ELEMS]) {
+// Rank r's input pointer from the block state's copy (shared memory), read afresh at each use: kept in registers
+// across a row's packs, N of them pushed the 8-rank fp32 kernels of 512 threads past their 128 registers (spills).
+FA_INLINE const fa_elem_t* fa_peer_input(const void* const* input, int r) {
+  return (const fa_elem_t*)((const void* const volatile*)input)[r];
+}
+
+// acc = sum over ranks 0..N-1, in that order, of float(input_r[pack]); all N loads issued first. `input`: the
+// block state's copy of the table's input pointers.
+FA_INLINE void fa_sum_ranks(const void* const* input, fa_i64 pack, float (&acc)[FA_PACK_ELEMS]) {
   fa_pack_t in[FA_NGPUS];
 #pragma unroll
-  for (int r = 0; r < FA_NGPUS; ++r) in[r] = fa_load_pack_peer((const fa_elem_t*)peers->input[r], pack);
+  for (int r = 0; r < FA_NGPUS; ++r) in[r] = fa_load_pack_peer(fa_peer_input(input, r), pack);
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) acc[i] = 0.0f;  // 0 + x0 as the reference does (-0 becomes +0)
 #pragma unroll
@@ -238,8 +264,8 @@ FA_INLINE void fa_sum_ranks(const fa_peers_t* peers, fa_i64 pack, float (&acc)[F
 }
 
 // ar = T(sum over ranks), as floats.
-FA_INLINE void fa_allreduce_pack(const fa_peers_t* peers, fa_i64 pack, float (&ar)[FA_PACK_ELEMS]) {
-  fa_sum_ranks(peers, pack, ar);
+FA_INLINE void fa_allreduce_pack(const void* const* input, fa_i64 pack, float (&ar)[FA_PACK_ELEMS]) {
+  fa_sum_ranks(input, pack, ar);
 #pragma unroll
   for (int i = 0; i < FA_PACK_ELEMS; ++i) ar[i] = fa_round_to_elem(ar[i]);
 }

@@ -249,12 +249,24 @@ FA_INLINE void fa_store_block_scale(const fa_row_io_t& io, int b, int blocks, fa
 
 // A static FP8 scale's value into `copy` (a float the caller allocated; 0: none asked), by one thread of the
 // grid: the torch op returns its scales as a new tensor, and this write spares it a copy kernel of its own.
-FA_INLINE void fa_copy_static_scale(const fa_scale_t* scales, float* copy) {
+// The all-reduce kernels load the value first and store it after their start barrier: a store right after
+// its load held that thread (thread 0 of block 0, which begins the barrier) for a memory round trip.
+FA_INLINE float fa_static_scale_for_copy(const fa_scale_t* scales, const float* copy) {
 #if FA_QUANT == FA_QUANT_STATIC
-  if (copy != nullptr && fa_block_id() == 0 && fa_thread_id() == 0) copy[0] = scales[0];
+  return copy != nullptr && fa_block_id() == 0 && fa_thread_id() == 0 ? (float)scales[0] : 0.0f;
 #else
   (void)scales;
   (void)copy;
+  return 0.0f;
+#endif
+}
+
+FA_INLINE void fa_copy_static_scale(float* copy, float value) {
+#if FA_QUANT == FA_QUANT_STATIC
+  if (copy != nullptr && fa_block_id() == 0 && fa_thread_id() == 0) copy[0] = value;
+#else
+  (void)copy;
+  (void)value;
 #endif
 }
 

@@ -58,10 +58,32 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     if spec.quant.converts_e4m3 and spec.fp8.value == "e4m3fn":
         assert "F2FP.SATFINITE.E4M3" in sass, "the E4M3FN conversion is not cvt.rn.satfinite"
     _waits_before_memory(sass)
+    if spec.op is not Op.ADD_RMSNORM:
+        _no_table_reads_after_the_first_barrier(sass)
     if spec.op is Op.ADD_RMSNORM:
         _no_late_parameter_lines(sass)
         if spec.pack == 16:
             _row_loads_before_first_store(sass, _row_loads(spec))
+
+
+def _no_table_reads_after_the_first_barrier(sass: str) -> None:
+    """A kernel of the group reads the peer table (its pointers: the only 64-bit values these kernels load)
+    only before its first block barrier, into the block's shared state: each barrier's acquire empties the L1
+    (CCTL.IVALL), so a pointer loaded from the table after one was an L2 round trip in front of the peer load
+    or flag store it addresses."""
+    body = sass[sass.index("Function :"):]
+    late = re.findall(r"LDG\.E\.64\S*", body[body.find("BAR.SYNC"):])
+    assert not late, f"{len(late)} 64-bit loads (peer table pointers) after the first block barrier: {late[:3]}"
+
+
+def test_table_read_check_fails_on_a_pointer_loaded_after_the_barrier():
+    sass = ("Function : k\n /*0000*/ LDG.E.64.CONSTANT R2, desc[UR4][R4.64] ;\n"
+            " /*0010*/ BAR.SYNC.DEFER_BLOCKING 0x0 ;\n /*0020*/ LDS.64 R6, [R8] ;\n"
+            " /*0030*/ LDG.E.128.STRONG.GPU R12, desc[UR4][R6.64] ;")
+    _no_table_reads_after_the_first_barrier(sass)
+    late = sass.replace("LDS.64 R6, [R8]", "LDG.E.64.CONSTANT R6, desc[UR4][R10.64+0x80]")
+    with pytest.raises(AssertionError, match=r"1 64-bit loads \(peer table pointers\) after the first block barrier"):
+        _no_table_reads_after_the_first_barrier(late)
 
 
 _ARG_BYTES = {Arg.PTR: 8, Arg.I64: 8, Arg.I32: 4, Arg.F32: 4}
