@@ -9,15 +9,16 @@
 #include "fa_peers.h"
 
 extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
-    const fa_peers_t* __restrict__ peers, int rank, fa_elem_t* __restrict__ out, int all_rows, int cols,
-    int shard_rows, int first, int count, int source_first, fa_i64 timeout_ns, int release_early) {
+    const fa_peers_t* __restrict__ peers, fa_signal_t* own_signal, int rank, fa_elem_t* __restrict__ out,
+    int all_rows, int cols, int shard_rows, int first, int count, int source_first, fa_i64 timeout_ns,
+    int release_early) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_peer_release(release_early);
   const fa_i64 packs = cols / FA_PACK_ELEMS;
   const fa_i64 start = (fa_i64)fa_block_id() * FA_BLOCK + fa_thread_id();
   const fa_i64 stride = (fa_i64)fa_grid_blocks() * FA_BLOCK;
   __shared__ fa_block_state_t state;
-  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, all_rows, cols, &state);
+  const fa_barrier_t bar = fa_barrier_begin(peers, own_signal, rank, timeout_ns, all_rows, cols, &state);
   if (!fa_barrier(bar, FA_PHASE_START)) return;  // every rank's shard is in place, and the same call
 #pragma unroll
   for (int r = 0; r < FA_NGPUS; ++r) {

@@ -8,14 +8,15 @@
 #include "fa_peers.h"
 
 extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
-    const fa_peers_t* __restrict__ peers, int rank, fa_elem_t* __restrict__ out, fa_i64 packs, int rows,
-    int cols, fa_i64 timeout_ns, int release_early, const fa_elem_t* __restrict__ stage_src) {
+    const fa_peers_t* __restrict__ peers, fa_signal_t* own_signal, int rank, fa_elem_t* __restrict__ out,
+    fa_i64 packs, int rows, int cols, fa_i64 timeout_ns, int release_early, const fa_elem_t* __restrict__ stage_src) {
   fa_grid_dependency_wait();  // before any global access: the previous kernel's writes are ours to read
   fa_peer_release(release_early);
   const fa_i64 first = (fa_i64)fa_block_id() * FA_BLOCK + fa_thread_id();
   const fa_i64 stride = (fa_i64)fa_grid_blocks() * FA_BLOCK;
   __shared__ fa_block_state_t state;
-  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);  // rows, cols: x's shape
+  // rows, cols: x's shape
+  const fa_barrier_t bar = fa_barrier_begin(peers, own_signal, rank, timeout_ns, rows, cols, &state);
 #if FA_TWO_STAGE
   const fa_i64 share = (packs + FA_NGPUS - 1) / FA_NGPUS;  // rank r owns [r * share, min((r + 1) * share, packs))
   if (stage_src) {  // an eager call: what this block index reads of every rank's share

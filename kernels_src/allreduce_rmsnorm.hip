@@ -42,7 +42,7 @@ struct fa_peer_source_t {
 };
 
 extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
-    const fa_peers_t* __restrict__ peers, int rank, fa_out_t* __restrict__ out,
+    const fa_peers_t* __restrict__ peers, fa_signal_t* own_signal, int rank, fa_out_t* __restrict__ out,
     fa_elem_t* FA_RESTRICT residual_out, const fa_elem_t* FA_RESTRICT residual,
     const fa_weight_t* __restrict__ weight, int rows, int cols, float eps, float weight_offset,
     fa_i64 residual_stride, fa_i64 out_stride, fa_i64 residual_out_stride, fa_scale_t* __restrict__ scales, int group,
@@ -60,10 +60,10 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void FA_KERNEL_NAME(
   const int packs = cols / FA_PACK_ELEMS;
   __shared__ fa_block_state_t state;
 #if FA_SCATTER
-  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, all_rows, cols, &state);
+  const fa_barrier_t bar = fa_barrier_begin(peers, own_signal, rank, timeout_ns, all_rows, cols, &state);
   const fa_i64 source_row = first_row;
 #else
-  const fa_barrier_t bar = fa_barrier_begin(peers, rank, timeout_ns, rows, cols, &state);
+  const fa_barrier_t bar = fa_barrier_begin(peers, own_signal, rank, timeout_ns, rows, cols, &state);
   const fa_i64 source_row = 0;
   if (stage_src) {  // an eager call: this block's rows into the staging buffer (the scatter op's host stages them)
     for (int row = fa_block_id(); row < rows; row += fa_grid_blocks())

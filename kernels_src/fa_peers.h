@@ -133,8 +133,8 @@ FA_INLINE void fa_peer_release(int release_early) {
 // Every call of a kernel uses flag = epoch + 1 for all its phases; flags only ever compare for equality,
 // so the 32-bit counter may wrap. `state` is a __shared__ fa_block_state_t of the kernel; the first
 // fa_barrier's block sync publishes what threads 0..N-1 write here (until then, each reads the table).
-FA_INLINE fa_barrier_t fa_barrier_begin(const fa_peers_t* peers, int rank, fa_i64 timeout_ns, int rows,
-                                        int cols, fa_block_state_t* state) {
+FA_INLINE fa_barrier_t fa_barrier_begin(const fa_peers_t* peers, fa_signal_t* own, int rank, fa_i64 timeout_ns,
+                                        int rows, int cols, fa_block_state_t* state) {
   fa_barrier_t b;
   b.rank = rank;
   b.state = state;
@@ -144,7 +144,6 @@ FA_INLINE fa_barrier_t fa_barrier_begin(const fa_peers_t* peers, int rank, fa_i6
     state->signal[fa_thread_id()] = peers->signal[fa_thread_id()];
   }
   if (fa_thread_id() == 0) {
-    fa_signal_t* const own = peers->signal[rank];
     state->own = own;
     state->report = peers->report;
     state->timeout_ns = timeout_ns;

@@ -656,10 +656,12 @@ class Communicator(SequenceParallel):
             raise InputError(f"x is on {first.device} but this communicator serves cuda:{self.device}")
 
     def _peer_args(self) -> dict[str, int]:
-        """The arguments every cross-GPU kernel of this rank takes alike: its rank, the barrier timeout, and
-        whether a dependent launch may start before the kernel ends (kernels_src/fa_peers.h,
-        fa_peer_release): only where this rank is alone on its GPU."""
-        return {"rank": self.rank, "timeout_ns": self._timeout_ns, "release_early": int(self._ranks_per_device == 1)}
+        """The arguments every cross-GPU kernel of this rank takes alike: its signal buffer (the barrier's first
+        read, its epoch, one load from a parameter instead of two through the peer table), its rank, the
+        barrier timeout, and whether a dependent launch may start before the kernel ends
+        (kernels_src/fa_peers.h, fa_peer_release): only where this rank is alone on its GPU."""
+        return {"own_signal": self._mem.signal, "rank": self.rank, "timeout_ns": self._timeout_ns,
+                "release_early": int(self._ranks_per_device == 1)}
 
     def _grid_cap(self, spec: KernelSpec) -> int:
         """Most blocks per launch: MAX_BLOCKS, and few enough that every rank sharing this GPU has all its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import types
 
 import pytest
 
@@ -76,7 +77,9 @@ def test_cross_gpu_kernels_let_dependents_launch_early_only_for_a_rank_alone_on_
     monkeypatch.setattr(communicator, "current_runtime", lambda: None)  # no device is touched
     comm = communicator.Communicator.__new__(communicator.Communicator)
     comm._init_fields(1, 2, 0, 1 << 20)
-    assert comm._peer_args() == {"rank": 1, "timeout_ns": comm._timeout_ns, "release_early": 1}
+    comm._mem = types.SimpleNamespace(signal=0x7F0000001000)  # the rank's memory, as _allocate leaves it
+    assert comm._peer_args() == {"own_signal": 0x7F0000001000, "rank": 1, "timeout_ns": comm._timeout_ns,
+                                 "release_early": 1}
     comm._ranks_per_device = 2  # Communicator.local_group, or two processes on one GPU
     assert comm._peer_args()["release_early"] == 0
 
