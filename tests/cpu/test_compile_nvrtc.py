@@ -60,6 +60,7 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     _waits_before_memory(sass)
     if spec.op is not Op.ADD_RMSNORM:
         _no_table_reads_after_the_first_barrier(sass)
+        _only_staging_and_barrier_stores_before_the_first_barrier(sass)
     if spec.op is Op.ADD_RMSNORM:
         _no_late_parameter_lines(sass)
         if spec.pack == 16:
@@ -84,6 +85,26 @@ def test_table_read_check_fails_on_a_pointer_loaded_after_the_barrier():
     late = sass.replace("LDS.64 R6, [R8]", "LDG.E.64.CONSTANT R6, desc[UR4][R10.64+0x80]")
     with pytest.raises(AssertionError, match=r"1 64-bit loads \(peer table pointers\) after the first block barrier"):
         _no_table_reads_after_the_first_barrier(late)
+
+
+def _only_staging_and_barrier_stores_before_the_first_barrier(sass: str) -> None:
+    """Before its first block barrier a kernel of the group stores only the eager staging copy (STRONG.GPU) and
+    the barrier's own words (STRONG.SYS, and the block state in shared memory): a plain store there, like the
+    static scale's copy the fused kernels once made first, waits for its value's load and holds the thread
+    that begins the barrier (thread 0 of block 0) for that round trip."""
+    body = sass[sass.index("Function :"):]
+    plain = re.findall(r"STG\.E(?:\.\d+)?\s[^;]*", body[:body.find("BAR.SYNC")])
+    assert not plain, f"{len(plain)} plain global stores before the first block barrier: {plain[:3]}"
+
+
+def test_store_check_fails_on_a_plain_store_before_the_barrier():
+    sass = ("Function : k\n /*0000*/ LDG.E.CONSTANT R3, desc[UR4][R2.64] ;\n"
+            " /*0010*/ STG.E.128.STRONG.GPU desc[UR4][R6.64], R8 ;\n /*0020*/ STG.E.STRONG.SYS desc[UR4][R4.64], R9 ;\n"
+            " /*0030*/ BAR.SYNC.DEFER_BLOCKING 0x0 ;\n /*0040*/ STG.E desc[UR4][R10.64], R3 ;")
+    _only_staging_and_barrier_stores_before_the_first_barrier(sass)
+    early = sass.replace(" /*0010*/", " /*0008*/ STG.E desc[UR4][R10.64], R3 ;\n /*0010*/", 1)
+    with pytest.raises(AssertionError, match="1 plain global stores before the first block barrier"):
+        _only_staging_and_barrier_stores_before_the_first_barrier(early)
 
 
 _ARG_BYTES = {Arg.PTR: 8, Arg.I64: 8, Arg.I32: 4, Arg.F32: 4}
