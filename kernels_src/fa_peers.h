@@ -70,8 +70,8 @@ static_assert(sizeof(fa_peers_t) == FA_PEER_TABLE_BYTES, "fa_peers_t differs fro
 
 // What the barriers of one call need besides the peer table, per block in shared memory: values kept
 // in registers would be live through the whole kernel body, and at 1024 threads (64 registers each on
-// sm_90) ptxas spills them. Thread 0 writes it at the begin; threads that give up set `failed`; every
-// read follows a block sync.
+// sm_90) ptxas spills them. Threads 0..N-1 write it at the begin; threads that give up set `failed`;
+// every read follows a block sync.
 // The table's pointers are copied here too, before the start barrier, and nothing reads the table after
 // it: each barrier's acquire empties the SM's L1 (CCTL.IVALL on sm_90), so a pointer read from the table
 // after one is an L2 round trip in front of the load or store it addresses (every thread's first peer load,

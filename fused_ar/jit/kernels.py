@@ -313,16 +313,16 @@ def _cross_gpu_constants(two_stage: bool, scatter: bool = False):
     return constants
 
 
-_FUSED_PARAMS = (("peers", Arg.PTR), ("own_signal", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("residual_out", Arg.PTR),
-                 ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32), ("cols", Arg.I32),
-                 ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
+_FUSED_PARAMS = (("peers", Arg.PTR), ("own_signal", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR),
+                 ("residual_out", Arg.PTR), ("residual", Arg.PTR), ("weight", Arg.PTR), ("rows", Arg.I32),
+                 ("cols", Arg.I32), ("eps", Arg.F32), ("weight_offset", Arg.F32), ("residual_stride", Arg.I64), ("out_stride", Arg.I64),
                  ("residual_out_stride", Arg.I64), ("scales", Arg.PTR), ("group", Arg.I32), ("scales_stride", Arg.I64),
                  ("scales_col_stride", Arg.I64), ("global_scale", Arg.PTR),
                  ("scales_row0", Arg.I32), ("scale_copy", Arg.PTR), ("timeout_ns", Arg.I64),
                  ("release_early", Arg.I32), ("stage_src", Arg.PTR))
-_ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("own_signal", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("packs", Arg.I64),
-                     ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64), ("release_early", Arg.I32),
-                     ("stage_src", Arg.PTR))
+_ALLREDUCE_PARAMS = (("peers", Arg.PTR), ("own_signal", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR),
+                     ("packs", Arg.I64), ("rows", Arg.I32), ("cols", Arg.I32), ("timeout_ns", Arg.I64),
+                     ("release_early", Arg.I32), ("stage_src", Arg.PTR))
 
 ALLREDUCE_RMSNORM_1STAGE = register(KernelDef(
     Op.ALLREDUCE_RMSNORM_1STAGE, "allreduce_rmsnorm.hip", _FUSED_PARAMS, CROSS_GPU_NGPUS,
@@ -345,7 +345,7 @@ REDUCE_SCATTER_RMSNORM = register(KernelDef(
     CROSS_GPU_NGPUS, warm_blocks=ALLREDUCE_RMSNORM_1STAGE.warm_blocks, constants=_cross_gpu_constants(False, True)))
 ALL_GATHER = register(KernelDef(
     Op.ALL_GATHER, "all_gather.hip",
-    (("peers", Arg.PTR), ("own_signal", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("all_rows", Arg.I32), ("cols", Arg.I32),
-     ("shard_rows", Arg.I32), ("first", Arg.I32), ("count", Arg.I32), ("source_first", Arg.I32),
+    (("peers", Arg.PTR), ("own_signal", Arg.PTR), ("rank", Arg.I32), ("out", Arg.PTR), ("all_rows", Arg.I32),
+     ("cols", Arg.I32), ("shard_rows", Arg.I32), ("first", Arg.I32), ("count", Arg.I32), ("source_first", Arg.I32),
      ("timeout_ns", Arg.I64), ("release_early", Arg.I32)),
     CROSS_GPU_NGPUS, warm_blocks=(256,), constants=_cross_gpu_constants(False)))
