@@ -99,8 +99,9 @@ def _compile_cost(dtype: Any) -> dict[str, float]:
 
 
 def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[tuple[int, int, int, float]]:
-    """Every block size at a few m: the data behind the policy in kernels.add_rmsnorm_block."""
-    from ..jit.kernels import add_rmsnorm_short_rows
+    """Every power-of-two block, and the one the policy picks, at a few m: the data behind the policy in
+    kernels.add_rmsnorm_block."""
+    from ..jit.kernels import add_rmsnorm_block, add_rmsnorm_short_rows
     from ..device.launch import launch, named_args, spec_for
     from ..device.ops import MAX_GRID_BLOCKS
     from ..jit.spec import BLOCK_SIZES, DType, Op
@@ -111,8 +112,9 @@ def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[
             x, r = (torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(2))
             w = torch.randn(n, device="cuda", dtype=dtype)
             out, ro = torch.empty_like(x), torch.empty_like(x)
-            for block in BLOCK_SIZES:
-                short = add_rmsnorm_short_rows(n * x.element_size() // 16, block)
+            packs = n * x.element_size() // 16
+            for block in sorted(set(BLOCK_SIZES) | {add_rmsnorm_block(packs)}):
+                short = add_rmsnorm_short_rows(packs, block)
                 spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short)
                 # the quantizing parameters (scales and their layout) stay 0: T output
                 args = named_args(spec, out=out.data_ptr(), residual_out=ro.data_ptr(), x=x.data_ptr(),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterable, Mapping, Optional
 
-from .spec import (BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Quant,
+from .spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Quant,
                    WeightKind)
 
 
@@ -65,8 +65,8 @@ def warm_matrix(archs: Iterable[str], dtypes: Iterable[DType], ngpus: Iterable[i
     specializations of variant_specs, with `fp8` those of fp8_specs (compiled on first use otherwise)."""
     dtypes, ngpus = list(dtypes), list(ngpus)
     base = [s for arch in archs for k in all_kernels() for s in k.specs(arch, dtypes, ngpus)]
-    short_blocks = short_row_blocks()
-    base += [replace(s, short_rows=True) for s in base if s.op is Op.ADD_RMSNORM and s.block in short_blocks]
+    base += list(dict.fromkeys(replace(s, block=b, short_rows=True) for s in base if s.op is Op.ADD_RMSNORM
+                               for b in short_row_blocks()))
     specs = list(base)
     if variants:
         specs += [v for s in base for v in variant_specs(s)]
@@ -88,15 +88,22 @@ def fp8_specs(spec: KernelSpec) -> list[KernelSpec]:
                                           Quant.MXFP4_EVEN) if spec.pack == DEFAULT_PACK]
 
 
+# The short-row blocks whose every variant the compile tests build: those of bf16 rows of 4096 and 8192. The
+# other short blocks differ from them only in FA_BLOCK, under the same register bound (64 on sm_90) or a looser
+# one (384 and 448: two resident blocks); warm builds their T kernels, which the compile tests check too.
+CHECKED_SHORT_BLOCKS = (256, 512)
+
+
 def check_specs(arch: str) -> list[KernelSpec]:
     """What the compile tests build beyond the warm matrix: every variant of each RMSNorm op and dtype at its
-    largest block (the most registers) and group size, and of each short-row kernel (registers bounded), in T
-    and with each FP8 output."""
+    largest block (the most registers) and group size, and of the short-row kernels of CHECKED_SHORT_BLOCKS
+    (registers bounded), in T and with each FP8 output."""
     widest: dict[tuple, KernelSpec] = {}
     short: list[KernelSpec] = []
     for spec in warm_matrix([arch], list(DType), [1, max(SUPPORTED_NGPUS)]):
         if spec.short_rows:
-            short.append(spec)
+            if spec.block in CHECKED_SHORT_BLOCKS:
+                short.append(spec)
             continue
         for key in ((spec.op, spec.dtype, False), (spec.op, spec.dtype, True)):  # True: an FP8 block
             if key not in widest or spec.block > widest[key].block:
@@ -143,6 +150,13 @@ def add_rmsnorm_reg_packs(spec: KernelSpec) -> int:
 SHORT_ROW_PACKS = 2
 SHORT_ROW_THREADS = 1024
 SHORT_ROW_MAX_BLOCK = 512
+# A short row takes the fewest of these threads that hold it SHORT_ROW_PACKS a thread: every thread then has
+# work and SHORT_ROW_THREADS fit the most rows on an SM, which sets the bytes in flight once the rows fill the
+# GPU. Same sweep (section 4), n=2048: 128 threads against 256 at m = 1, 64, 1024, 4096, 16384: 2.10 / 2.26 /
+# 3.98 / 18.04 / 66.5 us against 2.13 / 2.26 / 4.81 / 21.21 / 76.4. Between the powers of two (n=5120: 320
+# threads, 3 rows an SM where 512 fit 2) the sum of squares keeps its bits: its order is that of the row's packs
+# whatever the block (kernels_src/fa_rmsnorm.h).
+SHORT_ROW_BLOCKS = tuple(b for b in ADD_RMSNORM_BLOCKS if b <= SHORT_ROW_MAX_BLOCK)
 # The common long-row kernel (16-bit x, weight of its dtype, 4 packs): 3 blocks of 256 fit 78 registers
 # without spilling (ptxas -v); under the whole register file (106) only 2 were resident, 17-18% slower at
 # n=4096 (same results file). An fp32 weight needs 128: asking for 3 blocks spills it.
@@ -165,11 +179,11 @@ def add_rmsnorm_short_rows(packs_per_row: int, block: int) -> bool:
     return packs_per_row <= SHORT_ROW_PACKS * block
 
 
-def short_row_blocks() -> frozenset[int]:
+def short_row_blocks() -> tuple[int, ...]:
     """The block sizes add_rmsnorm_block gives rows that are short: the short-row kernels warm builds."""
     widest = max(BLOCK_SIZES) * SHORT_ROW_PACKS
-    return frozenset(add_rmsnorm_block(p) for p in range(1, widest + 1)
-                     if add_rmsnorm_short_rows(p, add_rmsnorm_block(p)))
+    return tuple(sorted({add_rmsnorm_block(p) for p in range(1, widest + 1)
+                         if add_rmsnorm_short_rows(p, add_rmsnorm_block(p))}))
 
 
 def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
@@ -242,8 +256,14 @@ ONE_PACK_MAX_ROWS = 64
 def lane_epilogue_block(packs_per_row: int, rows: int, block: int) -> int:
     """The block of a short-row call with a lane-shuffle epilogue: one pack a thread for at most
     ONE_PACK_MAX_ROWS rows where that fits SHORT_ROW_MAX_BLOCK threads, else `block` (the T call's)."""
-    one_pack = _fewest_threads(packs_per_row, 1)
-    return one_pack if rows <= ONE_PACK_MAX_ROWS and one_pack <= SHORT_ROW_MAX_BLOCK else block
+    one_pack = _short_row_block(packs_per_row, 1)
+    return one_pack if rows <= ONE_PACK_MAX_ROWS and one_pack is not None else block
+
+
+def _short_row_block(packs_per_row: int, packs_per_thread: int) -> Optional[int]:
+    """The fewest threads of SHORT_ROW_BLOCKS that give each at most `packs_per_thread` packs of the row
+    (None: more than the largest holds)."""
+    return next((b for b in SHORT_ROW_BLOCKS if b * packs_per_thread >= packs_per_row), None)
 
 
 def long_row_block(packs_per_row: int) -> int:
@@ -253,14 +273,12 @@ def long_row_block(packs_per_row: int) -> int:
 
 
 def add_rmsnorm_block(packs_per_row: int) -> int:
-    """Block size for an add_rmsnorm row of `packs_per_row` packs: short rows (SHORT_ROW_PACKS a thread) up
-    to SHORT_ROW_MAX_BLOCK threads, longer rows long_row_block. Quantized output takes the same block (or,
-    lane_epilogue_block, one pack a thread): it quantizes the call's own T output, whose bits the row's sum
+    """Block size for an add_rmsnorm row of `packs_per_row` packs: short rows (SHORT_ROW_PACKS a thread) the
+    fewest of SHORT_ROW_BLOCKS that hold them, longer rows long_row_block. Quantized output takes the same block
+    (or, lane_epilogue_block, one pack a thread): it quantizes the call's own T output, whose bits the row's sum
     order fixes, the order of its packs whatever the block and the packs a thread (kernels_src/fa_rmsnorm.h)."""
-    block = _fewest_threads(packs_per_row, SHORT_ROW_PACKS)
-    if block <= SHORT_ROW_MAX_BLOCK and add_rmsnorm_short_rows(packs_per_row, block):
-        return block
-    return long_row_block(packs_per_row)
+    block = _short_row_block(packs_per_row, SHORT_ROW_PACKS)
+    return block if block is not None else long_row_block(packs_per_row)
 
 
 # Layout of the buffers shared with kernels_src/fa_peers.h (rendered in as FA_MAX_BLOCKS and

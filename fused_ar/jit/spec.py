@@ -177,6 +177,9 @@ _HIP_ARCH = re.compile(r"gfx[0-9a-f]{3,4}(:[a-z0-9_]+[+-])*")
 
 SUPPORTED_NGPUS = (1, 2, 3, 4, 5, 6, 7, 8)  # 1: the local add_rmsnorm; the rest: group sizes
 BLOCK_SIZES = (64, 128, 256, 512, 1024)
+# add_rmsnorm also takes every whole number of 64 threads up to 512 (whole waves on both vendors): a short row
+# gets the fewest threads that hold it two packs a thread (fused_ar/jit/kernels.py, add_rmsnorm_block).
+ADD_RMSNORM_BLOCKS = tuple(sorted(set(BLOCK_SIZES) | set(range(64, 512 + 1, 64))))
 # Bytes per thread access; 2 (one 16-bit element) serves add_rmsnorm rows whose starts are not aligned.
 PACK_SIZES = (2, 4, 8, 16)
 DEFAULT_PACK = 16
@@ -234,8 +237,9 @@ class KernelSpec:
             raise ValueError(f"short_rows is a variant of add_rmsnorm, not of {self.op.value}")
         if self.ngpus not in SUPPORTED_NGPUS:
             raise ValueError(f"ngpus={self.ngpus}: must be one of {SUPPORTED_NGPUS}")
-        if self.block not in BLOCK_SIZES:
-            raise ValueError(f"block={self.block}: must be one of {BLOCK_SIZES}")
+        blocks = ADD_RMSNORM_BLOCKS if self.op is Op.ADD_RMSNORM else BLOCK_SIZES
+        if self.block not in blocks:
+            raise ValueError(f"block={self.block}: {self.op.value} takes one of {blocks}")
 
     @property
     def platform(self) -> Platform:

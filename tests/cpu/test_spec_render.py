@@ -121,13 +121,14 @@ def test_short_rows_hold_two_packs_and_ask_for_more_resident_threads():
 
 
 @pytest.mark.parametrize("dtype,cols,block,short", [
-    ("bf16", 8, 256, True), ("bf16", 2048, 256, True), ("bf16", 4096, 256, True), ("bf16", 4104, 512, True),
-    ("bf16", 8192, 512, True), ("bf16", 8200, 512, False), ("fp16", 16384, 512, False), ("bf16", 32768, 1024, False),
-    ("fp32", 4096, 512, True), ("fp32", 4100, 512, False)])
+    ("bf16", 8, 64, True), ("bf16", 1024, 64, True), ("bf16", 1032, 128, True), ("bf16", 2048, 128, True),
+    ("bf16", 3072, 192, True), ("bf16", 4096, 256, True), ("bf16", 4104, 320, True), ("bf16", 5120, 320, True),
+    ("fp16", 6144, 384, True), ("bf16", 7168, 448, True), ("bf16", 8192, 512, True), ("bf16", 8200, 512, False),
+    ("fp16", 16384, 512, False), ("bf16", 32768, 1024, False), ("fp32", 4096, 512, True), ("fp32", 4100, 512, False)])
 def test_short_rows_policy_and_warm_matrix_agree(dtype, cols, block, short):
-    """The launch takes the short-row kernel for rows of at most 2 packs a thread in 256 to 512 threads (bf16:
-    n <= 8192), 4 packs a thread beyond, and warm builds the kernel it takes. The one-stage fused kernel
-    keeps the long-row blocks."""
+    """The launch takes the short-row kernel for rows of at most 2 packs a thread, in the fewest whole 64s of
+    threads that hold them up to 512 (bf16: n <= 8192), 4 packs a thread beyond, and warm builds the kernel it
+    takes. The one-stage fused kernel keeps the long-row blocks."""
     from fused_ar.jit.kernels import add_rmsnorm_kernel, allreduce_rmsnorm_block, long_row_block
 
     packs = -(-cols * DType.parse(dtype).itemsize // 16)
@@ -143,8 +144,8 @@ def test_lane_epilogue_takes_one_pack_a_thread_only_for_few_short_rows():
     SHORT_ROW_MAX_BLOCK threads (bf16 n = 4096: 512 threads for the T call's 256), else the T call's block."""
     from fused_ar.jit.kernels import ONE_PACK_MAX_ROWS, SHORT_ROW_MAX_BLOCK, add_rmsnorm_kernel, lane_epilogue_block
 
-    for packs, t_block, one_pack in [(512, 256, 512), (257, 256, 512), (256, 256, 256), (8, 256, 256),
-                                     (1024, 512, 512), (640, 512, 512)]:
+    for packs, t_block, one_pack in [(512, 256, 512), (257, 192, 320), (256, 128, 256), (8, 64, 64),
+                                     (1024, 512, 512), (640, 320, 320)]:  # the last two: one pack does not fit
         assert add_rmsnorm_kernel(packs) == (t_block, True)
         assert lane_epilogue_block(packs, 1, t_block) == one_pack <= SHORT_ROW_MAX_BLOCK
         assert lane_epilogue_block(packs, ONE_PACK_MAX_ROWS, t_block) == one_pack

@@ -62,7 +62,7 @@ def test_sum_order_is_the_packs_whatever_the_block(dtype, n):
     quantized call, whose kernel may keep other packs in registers, quantize its T call's out exactly."""
     from fused_ar.device.launch import launch, named_args, spec_for
     from fused_ar.jit.kernels import add_rmsnorm_reg_packs
-    from fused_ar.jit.spec import BLOCK_SIZES, DType, Op
+    from fused_ar.jit.spec import ADD_RMSNORM_BLOCKS, DType, Op
 
     m, wave = 5, 64 if torch.version.hip else 32
     size = torch.tensor([], dtype=dtype).element_size()
@@ -71,7 +71,7 @@ def test_sum_order_is_the_packs_whatever_the_block(dtype, n):
     x, r, w = x[:, :n], r[:, :n], w[:n]
     packs = n * size // 16
     results = {}
-    for block in BLOCK_SIZES:
+    for block in ADD_RMSNORM_BLOCKS:
         for short in (True, False):
             spec = spec_for(Op.ADD_RMSNORM, DType.parse(dtype), 0, block, short_rows=short)
             reg = add_rmsnorm_reg_packs(spec)
