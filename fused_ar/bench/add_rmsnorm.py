@@ -130,6 +130,23 @@ def _block_sweep(torch: Any, dtype: Any, eps: float, hidden: list[int]) -> list[
     return results
 
 
+def sweep_table(sweep: list[tuple[int, int, int, float]], itemsize: int) -> list[str]:
+    """The block sweep's (m, n, block, us) as a table, the policy's block marked; a block between the powers of
+    two is swept only where the policy picks it, so its other cells stay empty."""
+    from ..jit.kernels import add_rmsnorm_block
+
+    blocks = sorted({b for _, _, b, _ in sweep})
+    lines = ["Block-size sweep (us per call; the policy `kernels.add_rmsnorm_block` picks *):", "",
+             "| m | n | " + " | ".join(f"block {b}" for b in blocks) + " |",
+             "| ---: | ---: | " + " | ".join("---:" for _ in blocks) + " |"]
+    for m, n in sorted({(m, n) for m, n, _, _ in sweep}, key=lambda t: (t[1], t[0])):
+        cells = {b: t for mm, nn, b, t in sweep if (mm, nn) == (m, n)}
+        picked = add_rmsnorm_block(n * itemsize // 16)
+        lines.append(f"| {m} | {n} | " + " | ".join(
+            "" if b not in cells else f"{cells[b]:.2f}{'*' if b == picked else ''}" for b in blocks) + " |")
+    return lines
+
+
 # Each variant against the contiguous call of the same shape and dtype: (name, x and residual are views of rows
 # 2n wide, fp32 weight, out=x and residual_out=residual). The bar: at most VARIANT_BAR over contiguous at m >= 1024.
 VARIANTS = (("strided", True, False, False), ("fp32 weight", False, True, False), ("in place", False, False, True),
@@ -320,7 +337,6 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
 
     from ..device.validate import require_gpu
-    from ..jit.kernels import add_rmsnorm_block
     from .timing import copy_bandwidth
 
     require_gpu("python -m fused_ar bench add_rmsnorm")
@@ -383,15 +399,7 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
         lines += _peer_table([r for r in fp8_rows if r["mode"] == mode], copy_bw,
                              {(m, n): t for (md, m, n), t in fp8_floors.items() if md == mode})
     if sweep:
-        blocks = sorted({b for _, _, b, _ in sweep})
-        lines += ["", "Block-size sweep (us per call; the policy `kernels.add_rmsnorm_block` picks *):", "",
-                  "| m | n | " + " | ".join(f"block {b}" for b in blocks) + " |",
-                  "| ---: | ---: | " + " | ".join("---:" for _ in blocks) + " |"]
-        for m, n in sorted({(m, n) for m, n, _, _ in sweep}, key=lambda t: (t[1], t[0])):
-            cells = {b: t for mm, nn, b, t in sweep if (mm, nn) == (m, n)}
-            picked = add_rmsnorm_block(n * size // 16)
-            lines.append(f"| {m} | {n} | " + " | ".join(f"{cells[b]:.2f}{'*' if b == picked else ''}" for b in blocks)
-                         + " |")
+        lines += [""] + sweep_table(sweep, size)
     if variants:
         names = [name for name, *_ in VARIANTS]
         lines += ["", f"Variants against the contiguous call (time ratio; the bar: at most {VARIANT_BAR:.2f} at "

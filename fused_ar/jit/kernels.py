@@ -152,10 +152,10 @@ SHORT_ROW_THREADS = 1024
 SHORT_ROW_MAX_BLOCK = 512
 # A short row takes the fewest of these threads that hold it SHORT_ROW_PACKS a thread: every thread then has
 # work and SHORT_ROW_THREADS fit the most rows on an SM, which sets the bytes in flight once the rows fill the
-# GPU. Same sweep (section 4), n=2048: 128 threads against 256 at m = 1, 64, 1024, 4096, 16384: 2.10 / 2.26 /
-# 3.98 / 18.04 / 66.5 us against 2.13 / 2.26 / 4.81 / 21.21 / 76.4. Between the powers of two (n=5120: 320
-# threads, 3 rows an SM where 512 fit 2) the sum of squares keeps its bits: its order is that of the row's packs
-# whatever the block (kernels_src/fa_rmsnorm.h).
+# GPU. Same results file (section 4's sweep), n=2048: 128 threads against 256 at m = 1, 64, 1024, 4096, 16384:
+# 2.10 / 2.26 / 3.98 / 18.04 / 66.03 us against 2.13 / 2.26 / 4.81 / 21.21 / 76.33. Between the powers of two
+# (n=5120: 320 threads, 3 rows an SM where 512 fit 2; not yet measured) the sum of squares keeps its bits: its
+# order is that of the row's packs whatever the block (kernels_src/fa_rmsnorm.h).
 SHORT_ROW_BLOCKS = tuple(b for b in ADD_RMSNORM_BLOCKS if b <= SHORT_ROW_MAX_BLOCK)
 # The common long-row kernel (16-bit x, weight of its dtype, 4 packs): 3 blocks of 256 fit 78 registers
 # without spilling (ptxas -v); under the whole register file (106) only 2 were resident, 17-18% slower at

@@ -369,11 +369,17 @@ def test_block_sweep_passes_every_kernel_parameter(monkeypatch):
         op, dtype, "sm_90", block=block, **kw))
     monkeypatch.setattr(launch_module, "launch", launch)
     monkeypatch.setattr(bench, "_graph_time_us", lambda torch, fn: (fn(), 1.0)[1])
-    results = bench._block_sweep(CpuTorch(), torch.bfloat16, 1e-6, [64])
-    assert [block for _, _, block, _ in results] == list(BLOCK_SIZES) * 5
+    results = bench._block_sweep(CpuTorch(), torch.bfloat16, 1e-6, [64, 2560])
+    # n = 2560 (320 packs): the policy's 192 threads, between the powers of two, swept beside them
+    assert [block for _, n, block, _ in results if n == 64] == list(BLOCK_SIZES) * 5
+    assert [block for _, n, block, _ in results if n == 2560] == sorted(BLOCK_SIZES + (192,)) * 5
     assert len(launched) == 2 * len(results)  # the checked launch, then the timed one
     for _, _, named in launched:
-        assert named["cols"] == 64 and named["scales"] == 0 and named["global_scale"] == 0
+        assert named["cols"] in (64, 2560) and named["scales"] == 0 and named["global_scale"] == 0
+    table = bench.sweep_table(results, 2)
+    assert table[2] == "| m | n | " + " | ".join(f"block {b}" for b in sorted(BLOCK_SIZES + (192,))) + " |"
+    assert table[4] == "| 1 | 64 | 1.00* | 1.00 |  | 1.00 | 1.00 | 1.00 |"  # 192 not swept at n = 64
+    assert "| 1 | 2560 | 1.00 | 1.00 | 1.00* | 1.00 | 1.00 | 1.00 |" in table
 
 
 @pytest.mark.parametrize("text", ["foo", "liger,,eager", "", "all,liger", "FlashInfer"])
