@@ -7,8 +7,10 @@ local group and the synchronizations are outside the timing); 300 calls per run 
 the GPU never waited on inside a run; the median over 7 runs of the mean per call. Communicator ops run on
 a local group (N ranks in this process on GPU 0, each on its own stream), every rank calling each time;
 the figure is per rank call. FP8 (float8_e4m3fn: a static scale; groups of 128 where n allows) and NVFP4
-rows sit beside their bf16 counterparts. `--profile` adds cProfile's top functions for the direct fused
-calls, the allocating call and the torch.ops wrappers.
+rows sit beside their bf16 counterparts. Each torch.ops row is followed by the same call into ops of the same
+schemas whose kernels return at once (`dispatch_floor_ops`): the dispatcher's own cost, which no change of
+ours can take off. `--profile` adds cProfile's top functions for the direct fused calls, the allocating call
+and the torch.ops wrappers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,57 @@ from .results import publish
 WARMUP = 50
 CALLS = 300
 RUNS = 7
+
+# torch.ops namespace of the dispatch floor: each torch.ops.fused_ar op's schema with a kernel that returns at once.
+FLOOR_LIBRARY = "fused_ar_dispatch_floor"
+_floor_libraries: dict[str, Any] = {}  # dispatch key -> its Library (a namespace is defined once per process)
+
+
+def dispatch_floor_ops(torch: Any, dispatch_key: str = "CUDA") -> Any:
+    """torch.ops.fused_ar_dispatch_floor: the schemas of torch.ops.fused_ar (fused_ar.torch_ops.SCHEMAS), each
+    with a kernel for `dispatch_key` that returns tensors made once, of the op's arity: a call shaped like
+    ours costs there what the dispatcher itself costs (parsing the arguments against the schema, boxing
+    them, calling a Python kernel and unboxing its result), the floor under our torch.ops rows."""
+    from ..torch_ops import SCHEMAS
+
+    if dispatch_key not in _floor_libraries:
+        if _floor_libraries:
+            raise ValueError(f"the dispatch floor is defined for {next(iter(_floor_libraries))} in this process")
+        lib = torch.library.Library(FLOOR_LIBRARY, "DEF")
+        device = "cuda" if dispatch_key == "CUDA" else "cpu"
+        for name, schema in SCHEMAS.items():
+            lib.define(schema)
+            made = tuple(torch.empty(0, device=device) for _ in range(schema.rpartition("->")[2].count("Tensor")))
+            result = None if not made else made[0] if len(made) == 1 else made
+            lib.impl(name, lambda *args, result=result, **kwargs: result, dispatch_key)
+        _floor_libraries[dispatch_key] = lib
+    return getattr(torch.ops, FLOOR_LIBRARY)
+
+
+def torch_op_calls(ns: Any, x: Any, residual: Any, weight: Any, eps: float, scale: Any, fp8_dtype: Any,
+                   handle: int) -> dict[tuple[str, str], Callable[[], Any]]:
+    """The torch.ops rows' calls into the namespace `ns` (torch.ops.fused_ar, or the dispatch floor's), by (op,
+    what the row adds to its name); `handle` names the rank's communicator (unused by the local ops)."""
+    return {
+        ("add_rmsnorm", ""): lambda: ns.add_rmsnorm(x, residual, weight, eps),
+        ("add_rmsnorm_fp8", ", static scale"): lambda: ns.add_rmsnorm_fp8(x, residual, weight, eps, scale=scale,
+                                                                          fp8_dtype=fp8_dtype),
+        ("allreduce_rmsnorm", ""): lambda: ns.allreduce_rmsnorm(x, residual, weight, eps, handle, "auto"),
+        ("allreduce", ""): lambda: ns.allreduce(x, handle, "auto"),
+        ("allreduce_rmsnorm_fp8", ", static scale"): lambda: ns.allreduce_rmsnorm_fp8(
+            x, residual, weight, eps, handle, "auto", scale=scale, fp8_dtype=fp8_dtype),
+    }
+
+
+def torch_op_rows(torch: Any, floor: Any, local: bool) -> list[tuple[str, Any, tuple[str, str]]]:
+    """(row name, namespace, torch_op_calls key) of each torch.ops row and, after it, its dispatch floor's:
+    the local ops, or (`local` False) those that name a communicator."""
+    rows = []
+    for op, note in torch_op_calls(floor, None, None, None, 0.0, None, None, 0):
+        if op.startswith("add_") == local:
+            rows.append((f"`torch.ops.fused_ar.{op}`{note}", torch.ops.fused_ar, (op, note)))
+            rows.append((f"`torch.ops` dispatch alone: `{op}`'s call{note}", floor, (op, note)))
+    return rows
 
 
 def _time_rank_calls(torch: Any, calls: list[Callable[[], Any]], streams: list[Any]) -> float:
@@ -113,16 +166,17 @@ def bench_host(args: argparse.Namespace) -> int:
             "`fused_ar.add_rmsnorm` (allocates outputs)": lambda: add_rmsnorm(xs[0], residual, weight, eps),
             "`fused_ar.add_rmsnorm(..., out=, residual_out=)`":
                 lambda: add_rmsnorm(xs[0], residual, weight, eps, out=outs[0][0], residual_out=outs[0][1]),
-            "`torch.ops.fused_ar.add_rmsnorm`": lambda: torch.ops.fused_ar.add_rmsnorm(xs[0], residual, weight, eps),
             "`fused_ar.add_rmsnorm_fp8`, static scale (allocates outputs)":
                 lambda: add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale, fp8_dtype=fp8_dtype),
             "`fused_ar.add_rmsnorm_fp8`, static scale, out= given":
                 lambda: add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale, fp8_dtype=fp8_dtype, out=q8[0],
                                         residual_out=outs[0][1]),
-            "`torch.ops.fused_ar.add_rmsnorm_fp8`, static scale":
-                lambda: torch.ops.fused_ar.add_rmsnorm_fp8(xs[0], residual, weight, eps, scale=scale,
-                                                           fp8_dtype=fp8_dtype),
         }
+        # the torch.ops rows, each followed by the dispatcher's own cost of the same call (a kernel that returns
+        # at once): what an op costs above the direct call, less that, is ours
+        floor = dispatch_floor_ops(torch)
+        for name, ns, key in torch_op_rows(torch, floor, local=True):
+            local[name] = torch_op_calls(ns, xs[0], residual, weight, eps, scale, fp8_dtype, 0)[key]
         if g8 is not None:
             local[f"`fused_ar.add_rmsnorm_fp8`, groups of {group}, out= given"] = lambda: add_rmsnorm_fp8(
                 xs[0], residual, weight, eps, group_size=group, fp8_dtype=fp8_dtype, out=g8[0],
@@ -142,16 +196,13 @@ def bench_host(args: argparse.Namespace) -> int:
                 xs[r], residual, weight, eps),
             "`comm.allreduce`, out= given": lambda r, c: lambda: c.allreduce(xs[r], out=outs[r][2]),
             "`comm.allreduce` (allocates)": lambda r, c: lambda: c.allreduce(xs[r]),
-            "`torch.ops.fused_ar.allreduce_rmsnorm`": lambda r, c: lambda: torch.ops.fused_ar.allreduce_rmsnorm(
-                xs[r], residual, weight, eps, c.handle, "auto"),
-            "`torch.ops.fused_ar.allreduce`": lambda r, c: lambda: torch.ops.fused_ar.allreduce(xs[r], c.handle, "auto"),
             "`comm.allreduce_rmsnorm_fp8`, static scale, out= given, path auto":
                 lambda r, c: lambda: c.allreduce_rmsnorm_fp8(xs[r], residual, weight, eps, scale=scale,
                                                              fp8_dtype=fp8_dtype, out=q8[r], residual_out=outs[r][1]),
-            "`torch.ops.fused_ar.allreduce_rmsnorm_fp8`, static scale":
-                lambda r, c: lambda: torch.ops.fused_ar.allreduce_rmsnorm_fp8(
-                    xs[r], residual, weight, eps, c.handle, "auto", scale=scale, fp8_dtype=fp8_dtype),
         }
+        for name, ns, key in torch_op_rows(torch, floor, local=False):
+            per_rank[name] = lambda r, c, ns=ns, key=key: torch_op_calls(
+                ns, xs[r], residual, weight, eps, scale, fp8_dtype, c.handle)[key]
         for name, make in per_rank.items():
             calls = [make(r, c) for r, c in enumerate(comms)]
             rows.append((name, _time_rank_calls(torch, calls, streams)))

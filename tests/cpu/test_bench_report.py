@@ -409,3 +409,32 @@ def test_bench_peers_selects_rows_by_kind():
     static = fp8_peers(torch, "static", None, torch.ones(1), torch.float8_e4m3fn, 448.0)
     assert [p.name for p in selected(static, parse_peers("compile"))] == ["torch.compile"]
     assert parse_peers("liger,liger") == ("liger",)
+
+
+def test_dispatch_floor_takes_each_torch_op_call_and_returns_its_arity():
+    """bench host's floor under the torch.ops rows: every torch.ops.fused_ar schema, a kernel that returns
+    tensors of the op's arity at once; each row's call (the same arguments as the real op's row) goes through
+    it, and the rows pair each op with its floor."""
+    import torch
+
+    import fused_ar.torch_ops  # noqa: F401  (defines torch.ops.fused_ar.*)
+    from fused_ar.bench.host import FLOOR_LIBRARY, dispatch_floor_ops, torch_op_calls, torch_op_rows
+    from fused_ar.torch_ops import SCHEMAS
+
+    floor = dispatch_floor_ops(torch, "CPU")
+    assert floor is dispatch_floor_ops(torch, "CPU")  # defined once
+    with pytest.raises(ValueError, match="defined for CPU"):
+        dispatch_floor_ops(torch, "CUDA")
+    x = torch.randn(4, 64)
+    for (op, _), call in torch_op_calls(floor, x, x, x[0], 1e-6, torch.tensor([0.5]), torch.float8_e4m3fn, 7).items():
+        got, arity = call(), SCHEMAS[op].rpartition("->")[2].count("Tensor")
+        assert isinstance(got, torch.Tensor) if arity == 1 else len(got) == arity, op
+    assert floor.add_rmsnorm_(x, x, None, 1e-6) is None and str(floor.all_gather.default._schema).startswith(
+        f"{FLOOR_LIBRARY}::all_gather(Tensor x, int comm, int rows)")
+    local = [name for name, _, _ in torch_op_rows(torch, floor, local=True)]
+    assert local == ["`torch.ops.fused_ar.add_rmsnorm`", "`torch.ops` dispatch alone: `add_rmsnorm`'s call",
+                     "`torch.ops.fused_ar.add_rmsnorm_fp8`, static scale",
+                     "`torch.ops` dispatch alone: `add_rmsnorm_fp8`'s call, static scale"]
+    ranks = torch_op_rows(torch, floor, local=False)
+    assert [ns for _, ns, _ in ranks] == [torch.ops.fused_ar, floor] * 3
+    assert [key[0] for _, _, key in ranks] == ["allreduce_rmsnorm"] * 2 + ["allreduce"] * 2 + ["allreduce_rmsnorm_fp8"] * 2
