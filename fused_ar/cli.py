@@ -18,7 +18,8 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ._version import __version__
 from .errors import FusedArError
-from .jit.spec import ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op, platform_of_arch
+from .jit.spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op,
+                       platform_of_arch)
 from .jit.kernels import CROSS_GPU_NGPUS
 
 EXIT_USAGE = 2
@@ -547,7 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", type=_type("pack", _one_of(PACK_SIZES)), default=DEFAULT_PACK, help="bytes per thread access")
     p.add_argument("--ngpus", type=_type("ngpus", _one_of(SUPPORTED_NGPUS)), default=1, help="group size (1: add_rmsnorm)")
     p.add_argument("--block", type=_type("block", _one_of(ADD_RMSNORM_BLOCKS)), default=256,
-                   help=f"threads per block: {', '.join(map(str, BLOCK_SIZES))} (add_rmsnorm: any multiple of 64 up to 512 too)")
+                   help=f"threads per block: {', '.join(map(str, BLOCK_SIZES))} (add_rmsnorm also any multiple of 64 "
+                   "up to 512)")
     p.set_defaults(func=cmd_source)
 
     p = sub.add_parser("warm", help="compile the kernel matrix ahead of time into the cache", formatter_class=fmt,

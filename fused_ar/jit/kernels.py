@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterable, Mapping, Optional
 
-from .spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format, KernelSpec, Op, Quant,
-                   WeightKind)
+from .spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, RMSNORM_OPS, SUPPORTED_NGPUS, DType, Fp8Format,
+                   KernelSpec, Op, Quant, WeightKind)
 
 
 class Arg(Enum):

@@ -437,4 +437,5 @@ def test_dispatch_floor_takes_each_torch_op_call_and_returns_its_arity():
                      "`torch.ops` dispatch alone: `add_rmsnorm_fp8`'s call, static scale"]
     ranks = torch_op_rows(torch, floor, local=False)
     assert [ns for _, ns, _ in ranks] == [torch.ops.fused_ar, floor] * 3
-    assert [key[0] for _, _, key in ranks] == ["allreduce_rmsnorm"] * 2 + ["allreduce"] * 2 + ["allreduce_rmsnorm_fp8"] * 2
+    assert [key[0] for _, _, key in ranks] == \
+        ["allreduce_rmsnorm"] * 2 + ["allreduce"] * 2 + ["allreduce_rmsnorm_fp8"] * 2

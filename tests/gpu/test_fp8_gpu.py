@@ -73,7 +73,7 @@ def test_add_rmsnorm_fp8_matches_torch(fmt, mode, group, dtype, m, n):
 
 @pytest.mark.parametrize("variant", ["in_place", "fp32_weight", "no_weight_no_residual"])
 @pytest.mark.parametrize("mode,group", MODES[:3], ids=["static", "token", "group128"])
-@pytest.mark.parametrize("n", [2048, 8192, 16384, 32768])  # short rows of 256 and 512 threads, long rows of 512, 1024
+@pytest.mark.parametrize("n", [2048, 8192, 16384, 32768])  # short rows of 128 and 512 threads, long rows of 512, 1024
 def test_add_rmsnorm_fp8_variants_quantize_their_t_out(variant, mode, group, n):
     """Each kernel variant (in place, an fp32 weight, neither weight nor residual), short and long rows: q and
     the scales are torch's quantization of the T call's out of the same variant, residual_out its bits."""
