@@ -203,6 +203,11 @@ def add_rmsnorm_min_blocks(spec: KernelSpec) -> int:
     return max(1, LONG_ROW_THREADS // spec.block) if spec.weight is not WeightKind.FP32 else 0
 
 
+# Fewest threads per long add_rmsnorm row: below 256, too few warps hide the load latency (H200 sweep,
+# bench/results/add_rmsnorm_h200_sweep.md: 64 and 128 threads lose up to 2x at small m).
+ADD_RMSNORM_MIN_BLOCK = 256
+
+
 ADD_RMSNORM = register(KernelDef(
     op=Op.ADD_RMSNORM,
     template="add_rmsnorm.hip",
@@ -214,15 +219,13 @@ ADD_RMSNORM = register(KernelDef(
             ("group", Arg.I32), ("scales_col_stride", Arg.I32),
             ("global_scale", Arg.PTR), ("scales_row0", Arg.I32), ("scale_copy", Arg.PTR)),
     ngpus=(1,),
-    warm_blocks=BLOCK_SIZES,
+    # the long-row kernels the policy launches; warm_matrix adds the short-row kernels (short_row_blocks)
+    warm_blocks=tuple(b for b in BLOCK_SIZES if b >= ADD_RMSNORM_MIN_BLOCK),
     constants=lambda spec: {"FA_REG_PACKS": add_rmsnorm_reg_packs(spec), "FA_MIN_BLOCKS": add_rmsnorm_min_blocks(spec)},
     grid_bound="rows",
 ))
 
 
-# Fewest threads per long add_rmsnorm row: below 256, too few warps hide the load latency (H200 sweep,
-# bench/results/add_rmsnorm_h200_sweep.md: 64 and 128 threads lose up to 2x at small m).
-ADD_RMSNORM_MIN_BLOCK = 256
 # Packs per thread of long rows (and of the one-stage fused kernel): 4 per thread beat 1 or 2 under the whole
 # register file (same sweep: n=8192 at m=16384: 261 us with 256 threads, 314 us with 512, 322 us with 1024).
 ADD_RMSNORM_PACKS_PER_THREAD = 4
