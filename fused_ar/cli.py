@@ -18,8 +18,8 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ._version import __version__
 from .errors import FusedArError
-from .jit.spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op,
-                       platform_of_arch)
+from .jit.spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, DEFAULT_PACK, PACK_SIZES, SUPPORTED_NGPUS, DType,
+                       KernelSpec, Op, platform_of_arch)
 from .jit.kernels import CROSS_GPU_NGPUS
 
 EXIT_USAGE = 2
