@@ -17,7 +17,8 @@ from fused_ar.backends import compiler_for
 from fused_ar.errors import CompileError
 from fused_ar.jit.kernels import Arg, add_rmsnorm_reg_packs, check_specs, kernel_def, warm_matrix
 from fused_ar.jit.render import Source, render
-from fused_ar.jit.spec import SUPPORTED_NGPUS, DType, KernelSpec, Op, Quant, WeightKind
+from fused_ar.jit.spec import (ADD_RMSNORM_BLOCKS, BLOCK_SIZES, SUPPORTED_NGPUS, DType, KernelSpec, Op, Quant,
+                               WeightKind)
 
 SPECS = warm_matrix(["sm_90"], list(DType), SUPPORTED_NGPUS) + check_specs("sm_90")
 
@@ -58,6 +59,7 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     if spec.quant.converts_e4m3 and spec.fp8.value == "e4m3fn":
         assert "F2FP.SATFINITE.E4M3" in sass, "the E4M3FN conversion is not cvt.rn.satfinite"
     _waits_before_memory(sass)
+    _registers_fit(_resources(kernel.code), spec.kernel_name, spec.block)
     if spec.op is not Op.ADD_RMSNORM:
         _no_table_reads_after_the_first_barrier(sass)
         _only_staging_and_barrier_stores_before_the_first_barrier(sass)
@@ -204,6 +206,64 @@ def test_a_restrict_weight_lets_ptxas_sink_its_loads():
     with pytest.raises(AssertionError, match="4 of the row's 6 16-byte loads issued before the first"):
         _row_loads_before_first_store(_sass(compiler_for("sm_90").compile(restricted, "sm_90").code),
                                       _row_loads(spec))
+
+
+def _resources(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+# An SM's registers, and the unit a warp is given them in (8 a thread: 256 a warp).
+_SM_REGISTERS, _REGISTER_UNIT = 65536, 8
+
+
+def _registers_fit(resources: str, function: str, block: int) -> None:
+    """A block of `block` threads of `function` gets its registers on one SM: each warp's, a thread's count
+    rounded up to the allocation unit, together at most the SM's. Else every launch fails with
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (the fp32 add_rmsnorm kernel at 448 threads on an H100: 146 registers
+    under the cap 65536 / 448, given as 152)."""
+    found = re.search(rf"Function {re.escape(function)}:\s*REG:(\d+)", resources)
+    assert found, f"no resource usage of {function}"
+    regs = int(found.group(1))
+    needed = -(-regs // _REGISTER_UNIT) * _REGISTER_UNIT * -(-block // 32) * 32
+    assert needed <= _SM_REGISTERS, f"{function}: {regs} registers a thread, {needed} for {block} threads"
+
+
+def test_register_check_fails_on_a_block_that_cannot_launch():
+    with pytest.raises(AssertionError, match="146 registers a thread, 68096 for 448 threads"):
+        _registers_fit("Function k:REG:146 STACK:0 SHARED:0", "k", 448)
+    _registers_fit("Function k:REG:144 STACK:0 SHARED:0", "k", 448)
+
+
+@pytest.mark.parametrize("block", sorted(set(BLOCK_SIZES) | set(ADD_RMSNORM_BLOCKS)))
+def test_whole_register_file_cap_launches_at_every_block(block):
+    """FA_REGISTER_BOUNDS, the cap of kernels that take the whole register file, holds a kernel that wants
+    more registers than any cap (values of 96 packs live at once) to what a block of `block` threads can be
+    given: the probe takes the cap itself, so the check above sees the bound, not one kernel's needs."""
+    spec = KernelSpec(Op.ADD_RMSNORM, DType.BF16, "sm_90", block=block)
+    probe = """
+extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void fa_register_probe(const float4* in, float4* out) {
+  float4 v[96];
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 96; ++i) {
+    v[i] = in[threadIdx.x + i * FA_BLOCK];
+    total += v[i].x * v[i].y + v[i].z * v[i].w;
+  }
+#pragma unroll
+  for (int i = 0; i < 96; ++i) {
+    out[threadIdx.x + i * FA_BLOCK] = make_float4(v[i].x * total, v[i].y * total, v[i].z * total, v[i].w * total);
+  }
+}
+"""
+    kernel = compiler_for("sm_90").compile(Source(spec, render(spec).text + probe), "sm_90")
+    resources = _resources(kernel.code)
+    regs = int(re.search(r"Function fa_register_probe:\s*REG:(\d+)", resources).group(1))
+    assert regs >= min(255, _SM_REGISTERS // block) - _REGISTER_UNIT, f"the probe took {regs}: not held at the cap"
+    _registers_fit(resources, "fa_register_probe", block)
 
 
 # Global, generic and constant-bank-free memory instructions of sm_90 SASS (loads, stores, atomics, reductions).
