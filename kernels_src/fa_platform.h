@@ -122,11 +122,13 @@ FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
 // At least `blocks` resident blocks of `threads` per SM: caps registers at 65536 / (threads * blocks).
 #define FA_OCCUPANCY_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
 // The whole register file a block of `threads` may use. ptxas under __launch_bounds__ alone held the
-// cross-GPU kernels at 40-80 registers and spilled (ptxas -v, NVRTC 13); the two cannot be combined. A warp
-// is given registers in units of 8 a thread, so the cap is 65536 / threads rounded down to a multiple of 8:
-// 65536 / 448 = 146 registers, given as 152, asked 68096 of a block of 448 threads, and its launch failed
-// (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, fp32 rows on an H100); 144 fit. Whole warps: threads % 32 == 0.
-#define FA_REGISTER_CAP(threads) (65536 / (threads) / 8 * 8)
+// cross-GPU kernels at 40-80 registers and spilled (ptxas -v, NVRTC 13); the two cannot be combined. An SM's
+// 65536 registers are four banks of 16384, one per scheduler, whose warps the block's are dealt to in turn,
+// each given its registers in units of 8 a thread: a block fits where ceil(warps / 4) warps fit a bank, so the
+// cap is 65536 / (threads rounded up to 128), rounded down to a multiple of 8. At 448 threads (14 warps, 4 in
+// a bank) that is 128: 65536 / 448 = 146 let the fp32 add_rmsnorm kernel take 130, and every launch failed
+// (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H100). Whole warps: threads % 32 == 0.
+#define FA_REGISTER_CAP(threads) (65536 / (((threads) + 127) / 128 * 128) / 8 * 8)
 #define FA_REGISTER_BOUNDS(threads) __maxnreg__(FA_REGISTER_CAP(threads) > 255 ? 255 : FA_REGISTER_CAP(threads))
 #define FA_WAVE_SIZE 32
 #define FA_INLINE __device__ __forceinline__
