@@ -127,7 +127,8 @@ FA_INLINE fa_u16 fa_float_to_bf16_bits(float f) {
 // each given its registers in units of 8 a thread: a block fits where ceil(warps / 4) warps fit a bank, so the
 // cap is 65536 / (threads rounded up to 128), rounded down to a multiple of 8. At 448 threads (14 warps, 4 in
 // a bank) that is 128: 65536 / 448 = 146 let the fp32 add_rmsnorm kernel take 130, and every launch failed
-// (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H100). Whole warps: threads % 32 == 0.
+// (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H100). The rule is the hardware check of CUDA's occupancy calculator
+// (cuda_occupancy.h: registers a warp x warps rounded up to the 4 sub-partitions <= 65536). Whole warps.
 #define FA_REGISTER_CAP(threads) (65536 / (((threads) + 127) / 128 * 128) / 8 * 8)
 #define FA_REGISTER_BOUNDS(threads) __maxnreg__(FA_REGISTER_CAP(threads) > 255 ? 255 : FA_REGISTER_CAP(threads))
 #define FA_WAVE_SIZE 32
