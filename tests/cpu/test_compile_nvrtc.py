@@ -272,6 +272,20 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void fa_register_probe(const 
     _registers_fit(resources, "fa_register_probe", block)
 
 
+@pytest.mark.parametrize("block", [b for b in ADD_RMSNORM_BLOCKS if b not in BLOCK_SIZES])
+@pytest.mark.parametrize("dtype,weight", [(DType.FP32, WeightKind.SAME), (DType.BF16, WeightKind.FP32)], ids=str)
+@pytest.mark.parametrize("quant", [Quant.NONE, Quant.GROUP], ids=lambda q: q.value)
+def test_whole_register_file_kernels_fit_their_block(block, dtype, weight, quant):
+    """The kernels the policy launches under the whole register file at the blocks between the powers of two:
+    long rows (per-group FP8 with groups wider than a run of lanes keeps them at the T call's block) of an fp32
+    x or weight. The per-group ones took 134-144 registers at 448 threads, which could not launch."""
+    spec = KernelSpec(Op.ADD_RMSNORM, dtype, "sm_90", block=block, weight=weight, quant=quant)
+    kernel = compiler_for("sm_90").compile(render(spec), "sm_90")
+    resources = _resources(kernel.code)
+    assert re.search(rf"Function {spec.kernel_name}:\s*REG:\d+ STACK:0\b", resources), resources
+    _registers_fit(resources, spec.kernel_name, block)
+
+
 # Global, generic and constant-bank-free memory instructions of sm_90 SASS (loads, stores, atomics, reductions).
 _MEMORY = re.compile(r"\b(LDG|STG|LD|ST|ATOMG|ATOM|RED|ATOMS|LDS|STS)\b")
 

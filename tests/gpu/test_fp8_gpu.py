@@ -96,6 +96,27 @@ def test_add_rmsnorm_fp8_variants_quantize_their_t_out(variant, mode, group, n):
     assert torch.equal(scales.reshape(ref_s.shape), ref_s)
 
 
+# (x dtype, weight dtype, n, group): rows the policy gives 192, 320, 384 or 448 threads, with groups wider than a
+# run of lanes, so the per-group kernel keeps the shared-memory amax and, with an fp32 x or weight, the whole
+# register file: at 448 threads it took 130-144 registers under a cap of 65536 / 448 and could not launch.
+WIDE_GROUP_CASES = [(torch.bfloat16, torch.float32, n, 512) for n in (3072, 5120, 6144, 7168)] + \
+                   [(torch.float32, torch.float32, n, 256) for n in (1536, 2560, 3072, 3584)]
+
+
+@pytest.mark.parametrize("dtype,weight_dtype,n,group", WIDE_GROUP_CASES, ids=str)
+def test_wide_groups_launch_at_every_block(dtype, weight_dtype, n, group):
+    g = torch.Generator(device="cuda").manual_seed(n + group)
+    x = torch.randn(9, n, device="cuda", dtype=dtype, generator=g) * 3
+    residual = torch.randn(9, n, device="cuda", dtype=dtype, generator=g)
+    weight = (torch.rand(n, device="cuda", generator=g) + 0.5).to(weight_dtype)
+    out, ro = fused_ar.add_rmsnorm(x, residual, weight, 1e-6)
+    q, ro8, scales = fused_ar.add_rmsnorm_fp8(x, residual, weight, 1e-6, group_size=group)
+    ref_q, ref_s = torch_quant(out, "group", "e4m3fn", None, group)
+    assert torch.equal(ro8, ro)
+    assert torch.equal(_bits(q), _bits(ref_q)), f"{(_bits(q) != _bits(ref_q)).sum().item()} codes differ"
+    assert torch.equal(scales.reshape(ref_s.shape), ref_s)
+
+
 def test_fp8_extremes_and_defaults():
     """Rows that saturate, rows of zeros (the minimum scale) and tiny values (FP8 subnormals)."""
     n = 1024
