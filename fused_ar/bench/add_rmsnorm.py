@@ -333,6 +333,55 @@ def _out_bytes(mode: str, m: int, n: int, group: Optional[int]) -> int:
     return m * n + scales
 
 
+def report(args: argparse.Namespace, meta: dict[str, Any], rows: list[dict[str, Any]], floors: dict,
+           fp8_rows: list[dict[str, Any]], fp8_floors: dict, sweep: list[tuple[int, int, int, float]],
+           variants: list[dict[str, Any]], pending: int = 0) -> tuple[str, dict[str, Any]]:
+    """(markdown, data) of a bench add_rmsnorm run; `meta`: gpu, torch, copy_bw (B/s), cost (compile_cost's) and
+    peers. `pending`: shapes not timed yet, said at the top (a partial table, written as the run goes)."""
+    peers, copy_bw, cost = meta["peers"], meta["copy_bw"], meta["cost"]
+    lines = [f"# add_rmsnorm on {meta['gpu']}, {args.dtype.value}",
+             "",
+             f"Command: `python -m fused_ar bench add_rmsnorm --dtype {args.dtype.value} --hidden "
+             f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}"
+             f"{' --fp8' if args.fp8 else ''}{' --sweep-blocks' if args.sweep_blocks else ''}"
+             f"{' --variants' if args.variants else ''}"
+             f"{'' if peers == tuple(PEER_KINDS) else ' --peers ' + (','.join(peers) or 'none')}`",
+             f"torch {meta['torch']}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; every "
+             f"kernel in place, a graph of {CALLS_PER_GRAPH} calls each, the {REPLAYS} replays of a shape's kernels "
+             "taken in turn, median per call. time / ours: over 1, ours is faster. Max error: of out against "
+             "the float64 add + RMSNorm of the inputs.",
+             f"Compile cost: cold {cost['cold_s'] * 1e3:.0f} ms, from the disk cache {cost['cached_s'] * 1e3:.2f} ms "
+             "(render + key + read + verify + load, to a launchable function).",
+             ""]
+    if pending:
+        lines += [f"Incomplete: {pending} more shapes (and any sweep or variants asked for) were still to be timed "
+                  "when this was written; the run rewrites it after each shape and at its end.", ""]
+    lines += [""] + _peer_table(rows, copy_bw, floors)
+    for mode, _ in FP8_MODES + LOW_BIT_MODES if args.fp8 else ():
+        mode_rows = [r for r in fp8_rows if r["mode"] == mode]
+        if not mode_rows:
+            continue
+        lines += ["", f"{MODE_TITLES[mode]}; max error: of the values times their scales against the float64 "
+                  "reference:", ""]
+        lines += _peer_table(mode_rows, copy_bw, {(m, n): t for (md, m, n), t in fp8_floors.items() if md == mode})
+    if sweep:
+        lines += [""] + sweep_table(sweep, args.dtype.itemsize)
+    if variants:
+        names = [name for name, *_ in VARIANTS]
+        lines += ["", f"Variants against the contiguous call (time ratio; the bar: at most {VARIANT_BAR:.2f} at "
+                  f"m >= {VARIANT_MIN_M}; strided: x and residual are views of rows 2n wide):", "",
+                  "| m | n | contiguous us | " + " | ".join(names) + " |",
+                  "| ---: | ---: | ---: | " + " | ".join("---:" for _ in names) + " |"]
+        for v in variants:
+            lines.append(f"| {v['m']} | {v['n']} | {v['contiguous_us']:.2f} | " + " | ".join(
+                f"{v[name + '_us'] / v['contiguous_us']:.3f}{'' if v[name + '_us'] <= VARIANT_BAR * v['contiguous_us'] else ' (over)'}"
+                for name in names) + " |")
+    data = {"gpu": meta["gpu"], "torch": meta["torch"], "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
+            "fp8_rows": fp8_rows, "complete": not pending, "pending_shapes": pending,
+            "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep], "variants": variants}
+    return "\n".join(lines) + "\n", data
+
+
 def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     import torch
 
@@ -350,6 +399,19 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
     rows, fp8_rows, floors, fp8_floors = [], [], {}, {}
     size = args.dtype.itemsize
     peers = getattr(args, "peers", tuple(PEER_KINDS))
+    modes = FP8_MODES + LOW_BIT_MODES if args.fp8 else ()
+    shapes = len(args.hidden) * len(args.m) + sum(
+        len(args.m) * sum(1 for n in args.hidden if group is None or n % group == 0) for _, group in modes)
+    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bw": copy_bw, "cost": cost,
+            "peers": peers}
+
+    def progress() -> None:
+        """The table so far into --out after each shape: a run stopped by a time limit leaves what it timed."""
+        if args.out:
+            done = len(floors) + len(fp8_floors)
+            text, data = report(args, meta, rows, floors, fp8_rows, fp8_floors, [], [], pending=shapes - done)
+            publish(text, args.out, "add_rmsnorm", data, echo=False)
+
     entries = _ours(torch, None) + selected(t_peers(torch), peers)
     for n in args.hidden:
         for m in args.m:
@@ -358,9 +420,10 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
             got = _peer_rows(torch, m, n, dtype, eps, entries, nbytes, None)
             rows += got
             print(f"m={m:6d} n={n:5d} " + "  ".join(f"{r['impl']} {r['us']:.2f}" for r in got if "us" in r), flush=True)
+            progress()
     if args.fp8:
         fmt, big = torch.float8_e4m3fn, 448.0
-        for mode, group in FP8_MODES + LOW_BIT_MODES:
+        for mode, group in modes:
             scale = torch.tensor([NVFP4_GLOBAL_SCALE if mode == "nvfp4" else 0.05], device="cuda")
             fp8 = (mode, group, scale, fmt, big)
             entries = _ours(torch, fp8) + selected(fp8_peers(torch, mode, group, scale, fmt, big), peers)
@@ -372,46 +435,11 @@ def bench_add_rmsnorm(args: argparse.Namespace) -> int:
                     fp8_rows += [{**r, "mode": mode} for r in got]
                     print(f"fp8 {mode} m={m:6d} n={n:5d} " + "  ".join(
                         f"{r['impl']} {r['us']:.2f}" for r in got if "us" in r), flush=True)
+                    progress()
 
     sweep = _block_sweep(torch, dtype, eps, args.hidden) if args.sweep_blocks else []
     variant_ms = [m for m in args.m if m >= VARIANT_MIN_M] or [VARIANT_MIN_M]
     variants = _variant_rows(torch, dtype, eps, args.hidden, variant_ms) if args.variants else []
-
-    gpu = torch.cuda.get_device_name(0)
-    lines = [f"# add_rmsnorm on {gpu}, {args.dtype.value}",
-             "",
-             f"Command: `python -m fused_ar bench add_rmsnorm --dtype {args.dtype.value} --hidden "
-             f"{','.join(map(str, args.hidden))} --m {','.join(map(str, args.m))}"
-             f"{' --fp8' if args.fp8 else ''}{' --sweep-blocks' if args.sweep_blocks else ''}"
-             f"{' --variants' if args.variants else ''}"
-             f"{'' if peers == tuple(PEER_KINDS) else ' --peers ' + (','.join(peers) or 'none')}`",
-             f"torch {torch.__version__}; device copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s; every "
-             f"kernel in place, a graph of {CALLS_PER_GRAPH} calls each, the {REPLAYS} replays of a shape's kernels "
-             "taken in turn, median per call. time / ours: over 1, ours is faster. Max error: of out against "
-             "the float64 add + RMSNorm of the inputs.",
-             f"Compile cost: cold {cost['cold_s'] * 1e3:.0f} ms, from the disk cache {cost['cached_s'] * 1e3:.2f} ms "
-             "(render + key + read + verify + load, to a launchable function).",
-             "",
-             ""] + _peer_table(rows, copy_bw, floors)
-    for mode, _ in FP8_MODES + LOW_BIT_MODES if args.fp8 else ():
-        lines += ["", f"{MODE_TITLES[mode]}; max error: of the values times their scales against the float64 "
-                  "reference:", ""]
-        lines += _peer_table([r for r in fp8_rows if r["mode"] == mode], copy_bw,
-                             {(m, n): t for (md, m, n), t in fp8_floors.items() if md == mode})
-    if sweep:
-        lines += [""] + sweep_table(sweep, size)
-    if variants:
-        names = [name for name, *_ in VARIANTS]
-        lines += ["", f"Variants against the contiguous call (time ratio; the bar: at most {VARIANT_BAR:.2f} at "
-                  f"m >= {VARIANT_MIN_M}; strided: x and residual are views of rows 2n wide):", "",
-                  "| m | n | contiguous us | " + " | ".join(names) + " |",
-                  "| ---: | ---: | ---: | " + " | ".join("---:" for _ in names) + " |"]
-        for v in variants:
-            lines.append(f"| {v['m']} | {v['n']} | {v['contiguous_us']:.2f} | " + " | ".join(
-                f"{v[name + '_us'] / v['contiguous_us']:.3f}{'' if v[name + '_us'] <= VARIANT_BAR * v['contiguous_us'] else ' (over)'}"
-                for name in names) + " |")
-    publish("\n".join(lines) + "\n", args.out, "add_rmsnorm", {
-        "gpu": gpu, "torch": torch.__version__, "copy_bw_Bps": copy_bw, "compile_cost": cost, "rows": rows,
-        "fp8_rows": fp8_rows,
-        "block_sweep": [{"m": m, "n": n, "block": b, "us": t} for m, n, b, t in sweep], "variants": variants})
+    text, data = report(args, meta, rows, floors, fp8_rows, fp8_floors, sweep, variants)
+    publish(text, args.out, "add_rmsnorm", data)
     return 0

@@ -147,10 +147,12 @@ class Run:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def publish(table: str, out: Optional[str], name: str, data: dict[str, Any], **extra: str) -> None:
-    """A single-table benchmark's results: the markdown table printed; with an output directory, also written
-    there as `<name>.md`, the data as `<name>.json`, and each extra file (file name -> text)."""
-    print(table)
+def publish(table: str, out: Optional[str], name: str, data: dict[str, Any], echo: bool = True, **extra: str) -> None:
+    """A single-table benchmark's results: the markdown table printed (unless not `echo`: a partial table a run
+    rewrites as it goes); with an output directory, also written there as `<name>.md`, the data as
+    `<name>.json`, and each extra file (file name -> text)."""
+    if echo:
+        print(table)
     if not out:
         return
     folder = Path(out)

@@ -4,6 +4,7 @@ its use by the auto path, and the command line's size ranges."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import logging
@@ -439,3 +440,31 @@ def test_dispatch_floor_takes_each_torch_op_call_and_returns_its_arity():
     assert [ns for _, ns, _ in ranks] == [torch.ops.fused_ar, floor] * 3
     assert [key[0] for _, _, key in ranks] == \
         ["allreduce_rmsnorm"] * 2 + ["allreduce"] * 2 + ["allreduce_rmsnorm_fp8"] * 2
+
+
+def test_add_rmsnorm_report_written_as_the_run_goes(tmp_path, capsys):
+    """bench add_rmsnorm rewrites its table into --out after each shape (quietly), saying how many shapes are still
+    to come, so a run a time limit stops leaves what it timed; the last write is the whole table, printed."""
+    from fused_ar.bench.add_rmsnorm import report
+    from fused_ar.bench.results import publish
+    from fused_ar.jit.spec import DType
+
+    # as the command line hands it over (cli.py)
+    args = argparse.Namespace(dtype=DType.BF16, hidden=[4096], m=[1, 16], out=str(tmp_path), sweep_blocks=False,
+                              variants=False, fp8=True, peers=("flashinfer",))
+    meta = {"gpu": "GPU", "torch": "2.x", "copy_bw": 4e12, "cost": {"cold_s": 1.0, "cached_s": 0.001},
+            "peers": ("flashinfer",)}
+    row = {"m": 1, "n": 4096, "impl": "fused_ar", "us": 2.0, "vs_ours": 1.0, "TBps": 1.0, "max_err": 0.01, "note": ""}
+    static = {**row, "mode": "static", "us": 2.2}
+    text, data = report(args, meta, [row], {(1, 4096): 1.5}, [static], {("static", 1, 4096): 1.6}, [], [], pending=13)
+    publish(text, args.out, "add_rmsnorm", data, echo=False)
+    assert capsys.readouterr().out == ""
+    written = (tmp_path / "add_rmsnorm.md").read_text()
+    assert "Incomplete: 13 more shapes" in written and "| 1 x 4096 | fused_ar | 2.00 |" in written
+    assert "static scales" in written and "token scales" not in written  # a mode not reached has no table yet
+    assert json.loads((tmp_path / "add_rmsnorm.json").read_text())["pending_shapes"] == 13
+    text, data = report(args, meta, [row], {(1, 4096): 1.5}, [static], {("static", 1, 4096): 1.6}, [], [])
+    publish(text, args.out, "add_rmsnorm", data)
+    assert "Incomplete" not in capsys.readouterr().out and json.loads(
+        (tmp_path / "add_rmsnorm.json").read_text())["complete"] is True
+    assert "--peers flashinfer" in (tmp_path / "add_rmsnorm.md").read_text()
