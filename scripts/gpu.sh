@@ -11,6 +11,8 @@
 #                               in place) against contiguous rows, and every block size
 #   bash scripts/gpu.sh multi   on 2, 4 or 8 GPUs: the probe, the multi-process tests, the bench at every TP
 #                               with --write-thresholds, then auto against the best forced path
+#   bash scripts/gpu.sh peers   README's add_rmsnorm tables against the engines' kernels (PEER_TABLES, default
+#                               "bf16 fp16 fp8"; FlashInfer and Liger where importable), each into $OUT/peers_<table>
 # Several subcommands run in order: `bash scripts/gpu.sh suite user host`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,22 @@ norm() {
     --m 1,64,1024,16384 --variants --sweep-blocks --out "$OUT/add_rmsnorm" 2>&1 | tail -30
 }
 
+peers() {
+  local table args
+  for table in ${PEER_TABLES:-bf16 fp16 fp8}; do
+    case "$table" in
+      bf16) args="--dtype bf16 --hidden 2048,4096,5120,7168,8192 --m 1,2,4,8,16,32,64,128,256,1024,4096" ;;
+      fp16) args="--dtype fp16 --hidden 4096,8192 --m 1,16,64,256,1024,4096" ;;
+      fp8) args="--dtype bf16 --hidden 4096,8192 --m 1,16,64,256,1024,4096 --fp8" ;;
+      *) echo "peers: unknown table '$table' (bf16, fp16, fp8)"; return 2 ;;
+    esac
+    # shellcheck disable=SC2086
+    timeout "${PEERS_TIMEOUT:-560}" python3 -m fused_ar bench add_rmsnorm $args --out "$OUT/peers_$table" \
+      > "$OUT/peers_${table}_log.txt" 2>&1
+    echo "peers $table: exit $?"; tail -2 "$OUT/peers_${table}_log.txt"
+  done
+}
+
 multi() {
   local tps d1 d2
   tps=$(python3 -c "print(','.join(str(t) for t in (2, 4, 8) if t <= $GPUS))")
@@ -76,10 +94,10 @@ multi() {
   tar -czf "$OUT/bench.tar.gz" -C "$(dirname "$d1")" bench -C "$(dirname "$d2")" bench_auto
 }
 
-[ $# -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,16p' "$0"; exit 2; }
 for step in "$@"; do
   case "$step" in
-    suite|user|host|bench|cost|norm|multi) echo "== gpu.sh $step"; "$step" ;;
-    *) echo "gpu.sh: unknown step '$step' (suite, user, host, bench, cost, norm, multi)"; exit 2 ;;
+    suite|user|host|bench|cost|norm|peers|multi) echo "== gpu.sh $step"; "$step" ;;
+    *) echo "gpu.sh: unknown step '$step' (suite, user, host, bench, cost, norm, peers, multi)"; exit 2 ;;
   esac
 done
