@@ -36,12 +36,16 @@ def _cuobjdump() -> str:
     return tool
 
 
-def _sass(cubin: bytes) -> str:
-    tool = _cuobjdump()
+def _dump(cubin: bytes, flag: str) -> str:
+    """cuobjdump `flag` (-sass, -res-usage, -elf) of a CUBIN."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([_cuobjdump(), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _sass(cubin: bytes) -> str:
+    return _dump(cubin, "-sass")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kernel_name)
@@ -59,7 +63,7 @@ def test_compiles_to_sass_with_wide_accesses(spec):
     if spec.quant.converts_e4m3 and spec.fp8.value == "e4m3fn":
         assert "F2FP.SATFINITE.E4M3" in sass, "the E4M3FN conversion is not cvt.rn.satfinite"
     _waits_before_memory(sass)
-    _registers_fit(_resources(kernel.code), spec.kernel_name, spec.block)
+    _registers_fit(_dump(kernel.code, "-res-usage"), spec.kernel_name, spec.block)
     if spec.op is not Op.ADD_RMSNORM:
         _no_table_reads_after_the_first_barrier(sass)
         _only_staging_and_barrier_stores_before_the_first_barrier(sass)
@@ -208,14 +212,6 @@ def test_a_restrict_weight_lets_ptxas_sink_its_loads():
                                       _row_loads(spec))
 
 
-def _resources(cubin: bytes) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
-                              check=True).stdout
-
-
 # An SM's registers: four banks, one per scheduler, the block's warps dealt to them in turn, each warp given
 # its registers in units of 8 a thread.
 _BANK_REGISTERS, _BANKS, _REGISTER_UNIT = 16384, 4, 8
@@ -265,7 +261,7 @@ extern "C" __global__ FA_REGISTER_BOUNDS(FA_BLOCK) void fa_register_probe(const 
 }
 """
     kernel = compiler_for("sm_90").compile(Source(spec, render(spec).text + probe), "sm_90")
-    resources = _resources(kernel.code)
+    resources = _dump(kernel.code, "-res-usage")
     regs = int(re.search(r"Function fa_register_probe:\s*REG:(\d+)", resources).group(1))
     assert regs >= min(255, _BANK_REGISTERS // (-(-block // 128) * 32)) - _REGISTER_UNIT, \
         f"the probe took {regs}: not held at the cap"
@@ -281,7 +277,7 @@ def test_whole_register_file_kernels_fit_their_block(block, dtype, weight, quant
     x or weight. The per-group ones took 134-144 registers at 448 threads, which could not launch."""
     spec = KernelSpec(Op.ADD_RMSNORM, dtype, "sm_90", block=block, weight=weight, quant=quant)
     kernel = compiler_for("sm_90").compile(render(spec), "sm_90")
-    resources = _resources(kernel.code)
+    resources = _dump(kernel.code, "-res-usage")
     assert re.search(rf"Function {spec.kernel_name}:\s*REG:\d+ STACK:0\b", resources), resources
     _registers_fit(resources, spec.kernel_name, block)
 
@@ -314,10 +310,7 @@ def test_kernel_parameters_are_what_the_launcher_packs(op):
     in its order and C sizes, so the argument buffer built from the names lands where the kernel reads."""
     spec = next(s for s in SPECS if s.op is op)
     kernel = compiler_for("sm_90").compile(render(spec), "sm_90")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.code)
-        f.flush()
-        elf = subprocess.run([_cuobjdump(), "-elf", f.name], capture_output=True, text=True, check=True).stdout
+    elf = _dump(kernel.code, "-elf")
     found = sorted((int(o, 16), int(off, 16), int(size, 16)) for o, off, size in re.findall(
         r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: (0x[0-9a-f]+)\s+Size\s*: (0x[0-9a-f]+)", elf))
     expected = [(i, offset, size) for i, (offset, size) in enumerate(_param_layout(op))]
